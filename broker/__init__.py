@@ -1,0 +1,1 @@
+"""LedgerMQ broker package."""

@@ -1,0 +1,1 @@
+"""LedgerMQ broker/http package."""

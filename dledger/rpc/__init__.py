@@ -1,0 +1,1 @@
+"""Node-to-node RPC: protocol types, TCP transport and the in-memory network for tests."""

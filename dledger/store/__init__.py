@@ -1,0 +1,1 @@
+"""DLedger stores: the mmap file store (production) and the memory store (simulation)."""

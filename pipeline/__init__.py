@@ -1,0 +1,1 @@
+"""LedgerMQ pipeline package."""
