@@ -1,0 +1,53 @@
+"""`mqnamesrv -c conf/namesrv.conf`: run a name server (uvicorn on uvloop + httptools)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+import uvloop
+
+from namesrv.app import create_app
+from namesrv.config import NamesrvConfig
+
+log = logging.getLogger("namesrv")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="mqnamesrv", description="LedgerMQ name server")
+    p.add_argument("-c", "--config", help="namesrv .properties file (listenPort, brokerExpiredMs, ...)")
+    p.add_argument("-p", "--port", type=int, help="override listenPort")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+async def serve(config: NamesrvConfig) -> None:
+    """Serve until SIGINT/SIGTERM (uvicorn installs the handlers)."""
+    app = create_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.listen_host, port=config.listen_port,
+                                           loop="none", http="httptools", log_level="warning",
+                                           access_log=False, lifespan="on"))
+    await server.serve()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point."""
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = NamesrvConfig.load(args.config) if args.config else NamesrvConfig()
+        if args.port is not None:
+            config.listen_port = args.port
+            config.validate("--port")
+    except (OSError, ValueError) as exc:
+        print(f"mqnamesrv: {exc}", file=sys.stderr)
+        return 2
+    uvloop.run(serve(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

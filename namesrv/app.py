@@ -1,0 +1,162 @@
+"""The name server's HTTP app: broker registration/heartbeat, topic routes, cluster view, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+import orjson
+from fastapi import FastAPI, Path, Request
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from client.errors import PROBLEM_CONTENT_TYPE, problem_body
+from namesrv.config import NamesrvConfig
+from namesrv.registry import RouteInfoManager, TopicRouteConfig
+
+log = logging.getLogger(__name__)
+
+_NAME_PATTERN = r"^[%A-Za-z0-9_\-|]{1,127}$"
+
+
+class TopicRouteIn(BaseModel):
+    """A topic as a broker reports it."""
+
+    model_config = ConfigDict(extra="ignore")
+    readQueueNums: int = Field(ge=0, le=65535)
+    writeQueueNums: int = Field(ge=0, le=65535)
+    perm: int = Field(default=6, ge=0, le=7)
+
+
+class RegisterBrokerIn(BaseModel):
+    """`POST /brokers/register` body; also the heartbeat (sent every 30 s)."""
+
+    model_config = ConfigDict(extra="ignore")
+    clusterName: str = Field(min_length=1, max_length=255)
+    brokerName: str = Field(min_length=1, max_length=255, pattern=_NAME_PATTERN)
+    brokerId: int = Field(ge=0)
+    brokerAddr: str = Field(min_length=3, max_length=255)
+    haAddr: str | None = Field(default=None, max_length=255)
+    term: int = Field(default=0, ge=0)
+    topics: dict[str, TopicRouteIn] = Field(default_factory=dict)
+
+
+class UnregisterBrokerIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    brokerAddr: str = Field(min_length=3, max_length=255)
+
+
+def problem_response(code: str, detail: str, status: int | None = None, **extra: Any) -> Response:
+    """An `application/problem+json` answer."""
+    body = problem_body(code, detail, status, **extra)
+    return Response(orjson.dumps(body), status_code=body["status"], media_type=PROBLEM_CONTENT_TYPE)
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Every error this app produces is problem+json with a stable `code` (never FastAPI's default)."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+        field = ".".join(loc) or None
+        return problem_response("INVALID_REQUEST", f"{field or 'request'}: {first.get('msg', 'invalid')}",
+                                field=field)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 401: "UNAUTHORIZED",
+                403: "FORBIDDEN"}.get(exc.status_code, "INVALID_REQUEST")
+        return problem_response(code, str(exc.detail), status=exc.status_code)
+
+
+def create_app(config: NamesrvConfig, registry: RouteInfoManager | None = None,
+               clock_ms: Callable[[], int] | None = None) -> FastAPI:
+    """Build the name server app. `clock_ms` is injectable for tests; the expiry scanner runs as a
+    task for the app's lifetime."""
+    registry = registry or RouteInfoManager(config.broker_expired_ms)
+    now_ms = clock_ms or (lambda: int(time.time() * 1000))
+
+    metrics = CollectorRegistry()
+    g_brokers = Gauge("ledgermq_namesrv_live_brokers", "Live registered broker addresses", registry=metrics)
+    g_topics = Gauge("ledgermq_namesrv_topics", "Topics known from live brokers", registry=metrics)
+    c_reg = Counter("ledgermq_namesrv_registrations", "Broker registrations and heartbeats", registry=metrics)
+    c_exp = Counter("ledgermq_namesrv_expired_brokers", "Brokers dropped for silence", registry=metrics)
+    c_route = Counter("ledgermq_namesrv_route_requests", "Route lookups", ["found"], registry=metrics)
+
+    async def scanner() -> None:
+        interval_s = config.scan_not_active_broker_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            dead = registry.scan_not_active(now_ms())
+            if dead:
+                c_exp.inc(len(dead))
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        task = asyncio.create_task(scanner(), name="namesrv-scan-not-active")
+        log.info("namesrv started port=%d brokerExpiredMs=%d", config.listen_port, config.broker_expired_ms)
+        try:
+            yield
+        finally:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    app = FastAPI(title="LedgerMQ name server", version="0.1.0", lifespan=lifespan)
+    app.state.registry = registry
+    install_problem_handlers(app)
+
+    @app.post("/brokers/register", summary="Register a broker or refresh its heartbeat")
+    async def register(body: RegisterBrokerIn) -> dict[str, Any]:
+        topics = {name: TopicRouteConfig(t.readQueueNums, t.writeQueueNums, t.perm)
+                  for name, t in body.topics.items()}
+        registry.register(cluster=body.clusterName, broker_name=body.brokerName, broker_id=body.brokerId,
+                          broker_addr=body.brokerAddr, ha_addr=body.haAddr, term=body.term,
+                          topics=topics, now_ms=now_ms())
+        c_reg.inc()
+        return {"ok": True, "brokerExpiredMs": config.broker_expired_ms}
+
+    @app.post("/brokers/unregister", summary="Remove a broker that is shutting down")
+    async def unregister(body: UnregisterBrokerIn) -> dict[str, Any]:
+        return {"removed": registry.unregister(body.brokerAddr)}
+
+    @app.get("/routes/{topic}", summary="Broker sets holding a topic, their members and queue numbers",
+             responses={404: {"description": "TOPIC_NOT_EXIST"}})
+    async def route(topic: Annotated[str, Path(min_length=1, max_length=255)]) -> Any:
+        doc = registry.route(topic, now_ms())
+        c_route.labels(found=str(doc is not None).lower()).inc()
+        if doc is None:
+            return problem_response("TOPIC_NOT_EXIST", f"no live broker holds topic {topic!r}", topic=topic)
+        return doc
+
+    @app.get("/topics", summary="All topics held by live brokers")
+    async def topics() -> dict[str, Any]:
+        return {"topics": registry.topics(now_ms())}
+
+    @app.get("/cluster", summary="Clusters, broker sets and their member addresses")
+    async def cluster() -> dict[str, Any]:
+        return registry.cluster(now_ms())
+
+    @app.get("/health", summary="Liveness")
+    async def health() -> dict[str, Any]:
+        return {"status": "UP", "liveBrokers": registry.live_count(now_ms())}
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    async def prometheus() -> Response:
+        t = now_ms()
+        g_brokers.set(registry.live_count(t))
+        g_topics.set(len(registry.topics(t)))
+        return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
+
+    return app

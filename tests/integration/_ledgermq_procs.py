@@ -1,0 +1,118 @@
+"""Helpers for integration tests that run real LedgerMQ processes from conf files.
+
+Each process is started with its own log file; callers kill it by PID in fixture teardown
+(`ProcessGroup.stop_all`). Ports are picked by binding to port 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = REPO / "conf"
+PY = sys.executable
+
+
+def free_port() -> int:
+    """A currently free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_conf(path: Path) -> list[tuple[str, str]]:
+    """Ordered key/value pairs of a .properties file (comments dropped)."""
+    pairs = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line[0] in "#!" or "=" not in line:
+            continue
+        k, _, v = line.partition("=")
+        pairs.append((k.strip(), v.strip()))
+    return pairs
+
+
+def write_conf(src: Path, dst: Path, overrides: dict[str, str | None]) -> Path:
+    """Copy `src` to `dst` with keys replaced (None removes a key; new keys are appended)."""
+    out, seen = [], set()
+    for k, v in read_conf(src):
+        seen.add(k)
+        if k in overrides:
+            if overrides[k] is None:
+                continue
+            v = str(overrides[k])
+        out.append(f"{k}={v}")
+    out += [f"{k}={v}" for k, v in overrides.items() if k not in seen and v is not None]
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text("\n".join(out) + "\n")
+    return dst
+
+
+class ProcessGroup:
+    """Processes started by one test; `stop_all` kills each by PID (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, module: str, *args: str) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = subprocess.Popen([PY, "-m", module, *args], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def log_text(self, name: str) -> str:
+        p = self.log_dir / f"{name}.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.get(name)
+        if proc and proc.poll() is None:
+            os.kill(proc.pid, sig)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+def wait_http(url: str, timeout_s: float = 15.0, ok=lambda r: r.status_code == 200,
+              proc=None) -> httpx.Response:
+    """Poll `url` until `ok(response)`; fails with the last error (and early if `proc` died)."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited with {proc.returncode} while waiting for {url}")
+        try:
+            r = httpx.get(url, timeout=2)
+            if ok(r):
+                return r
+            last = f"{r.status_code} {r.text[:300]}"
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.05)
+    raise AssertionError(f"{url} not ready after {timeout_s}s: {last}")

@@ -1,0 +1,71 @@
+"""Name servers as real processes started from conf/namesrv.conf."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.integration._ledgermq_procs import CONF, ProcessGroup, free_port, wait_http, write_conf
+
+
+@pytest.fixture
+def namesrvs(tmp_path):
+    group = ProcessGroup(tmp_path)
+    urls = []
+    for i in range(2):
+        port = free_port()
+        conf = write_conf(CONF / "namesrv.conf", tmp_path / f"namesrv{i}.conf",
+                          {"listenPort": str(port), "brokerExpiredMs": "600",
+                           "scanNotActiveBrokerInterval": "100"})
+        proc = group.start(f"namesrv{i}", "namesrv", "-c", str(conf))
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health", proc=proc)
+        urls.append(url)
+    yield urls
+    group.stop_all()
+
+
+def register(url: str, addr: str, bid: int, term: int = 1) -> None:
+    r = httpx.post(url + "/brokers/register", json={
+        "clusterName": "DefaultCluster", "brokerName": "broker-a", "brokerId": bid, "brokerAddr": addr,
+        "term": term, "topics": {"orders": {"readQueueNums": 4, "writeQueueNums": 4, "perm": 6}}})
+    assert r.status_code == 200, r.text
+
+
+def test_route_cluster_and_expiry(namesrvs):
+    a, b = namesrvs
+    register(a, "127.0.0.1:1001", 0)
+    register(a, "127.0.0.1:1002", 1)
+    route = httpx.get(a + "/routes/orders").json()
+    assert route["brokers"][0]["addrs"] == {"0": "127.0.0.1:1001", "1": "127.0.0.1:1002"}
+    # Name servers are independent: b never heard of the broker.
+    r = httpx.get(b + "/routes/orders")
+    assert r.status_code == 404
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json()["code"] == "TOPIC_NOT_EXIST"
+    assert httpx.get(a + "/cluster").json()["clusters"] == {"DefaultCluster": ["broker-a"]}
+    # Keep 1002 alive by heartbeats; 1001 goes silent and must expire (brokerExpiredMs=600).
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        register(a, "127.0.0.1:1002", 1)
+        addrs = httpx.get(a + "/routes/orders").json()["brokers"][0]["addrs"]
+        if addrs == {"1": "127.0.0.1:1002"}:
+            break
+        time.sleep(0.1)
+    assert addrs == {"1": "127.0.0.1:1002"}
+    metrics = httpx.get(a + "/metrics").text
+    assert "ledgermq_namesrv_expired_brokers_total 1.0" in metrics
+    assert "ledgermq_namesrv_live_brokers 1.0" in metrics
+
+
+def test_bad_registration_is_problem_json_naming_field(namesrvs):
+    a, _ = namesrvs
+    r = httpx.post(a + "/brokers/register", json={"clusterName": "c", "brokerName": "x", "brokerId": -1,
+                                                  "brokerAddr": "h:1"})
+    assert r.status_code == 400
+    assert r.json()["code"] == "INVALID_REQUEST" and r.json()["field"] == "brokerId"
+    r = httpx.post(a + "/brokers/register", content=b"{not json",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400
