@@ -1,4 +1,5 @@
-"""The one table of LedgerMQ HTTP error codes, and the typed exceptions the SDK raises for them.
+"""The SDK's table of LedgerMQ HTTP error codes (mirrors broker/errors.py ERROR_TABLE; the name
+server renders from it too), and the typed exceptions the SDK raises for them.
 
 Servers (broker HTTP app, name server) render a code as an RFC 9457 `application/problem+json` body
 with `problem_body`; the SDK turns such a body back into an exception with `error_from_problem`.
@@ -34,6 +35,9 @@ PROBLEM_CODES: dict[str, tuple[int, str]] = {
     "TIMEOUT": (504, "Timed out; outcome unknown"),
     "SERVICE_UNAVAILABLE": (503, "Service unavailable"),
     "INTERNAL_ERROR": (500, "Internal error"),
+    "TOPIC_EXISTS": (409, "Topic already exists"),
+    "MESSAGE_ILLEGAL": (400, "Illegal message"),
+    "MESSAGE_CORRUPTED": (500, "Stored message is corrupted"),
 }
 
 
@@ -41,7 +45,7 @@ def problem_body(code: str, detail: str, status: int | None = None, **extra: Any
     """The problem+json document for `code`; `extra` members (e.g. masterAddr, field) are added as-is."""
     default_status, title = PROBLEM_CODES.get(code, (500, code.replace("_", " ").capitalize()))
     body: dict[str, Any] = {
-        "type": PROBLEM_TYPE_BASE + code.lower().replace("_", "-"),
+        "type": PROBLEM_TYPE_BASE + code,
         "title": title,
         "status": status or default_status,
         "detail": detail,
@@ -169,16 +173,30 @@ class BrokerUnreachableError(LedgerMQError):
 _BY_CODE: dict[str, type[LedgerMQError]] = {
     cls.code: cls
     for cls in (
-        BadRequestError, InvalidTopicError, OffsetOutOfRangeError, InvalidReceiptHandleError,
-        MessageTooLargeError, NotFoundError, TopicNotExistError, QueueNotExistError, MessageNotFoundError,
-        UnauthorizedError, ForbiddenError, NotMasterError, ServerError, ServiceUnavailableError,
-        DiskFullError, OutcomeUnknownError,
+        BadRequestError,
+        InvalidTopicError,
+        OffsetOutOfRangeError,
+        InvalidReceiptHandleError,
+        MessageTooLargeError,
+        NotFoundError,
+        TopicNotExistError,
+        QueueNotExistError,
+        MessageNotFoundError,
+        UnauthorizedError,
+        ForbiddenError,
+        NotMasterError,
+        ServerError,
+        ServiceUnavailableError,
+        DiskFullError,
+        OutcomeUnknownError,
     )
 }
 _BY_CODE["GROUP_NOT_EXIST"] = NotFoundError
 _BY_CODE["NO_PERMISSION"] = ForbiddenError
 _BY_CODE["UNSUPPORTED_MEDIA_TYPE"] = BadRequestError
 _BY_CODE["METHOD_NOT_ALLOWED"] = BadRequestError
+_BY_CODE["TOPIC_EXISTS"] = BadRequestError
+_BY_CODE["MESSAGE_ILLEGAL"] = BadRequestError
 
 
 def error_from_problem(status: int, body: Any) -> LedgerMQError:

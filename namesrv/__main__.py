@@ -26,17 +26,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 async def serve(config: NamesrvConfig) -> None:
     """Serve until SIGINT/SIGTERM (uvicorn installs the handlers)."""
     app = create_app(config)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.listen_host, port=config.listen_port,
-                                           loop="none", http="httptools", log_level="warning",
-                                           access_log=False, lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.listen_host,
+            port=config.listen_port,
+            loop="none",
+            http="httptools",
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+        )
+    )
     await server.serve()
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point."""
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = NamesrvConfig.load(args.config) if args.config else NamesrvConfig()
         if args.port is not None:

@@ -68,18 +68,21 @@ def install_problem_handlers(app: FastAPI) -> None:
         first = errors[0] if errors else {}
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
         field = ".".join(loc) or None
-        return problem_response("INVALID_REQUEST", f"{field or 'request'}: {first.get('msg', 'invalid')}",
-                                field=field)
+        return problem_response(
+            "INVALID_REQUEST", f"{field or 'request'}: {first.get('msg', 'invalid')}", field=field
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 401: "UNAUTHORIZED",
-                403: "FORBIDDEN"}.get(exc.status_code, "INVALID_REQUEST")
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 401: "UNAUTHORIZED", 403: "FORBIDDEN"}.get(
+            exc.status_code, "INVALID_REQUEST"
+        )
         return problem_response(code, str(exc.detail), status=exc.status_code)
 
 
-def create_app(config: NamesrvConfig, registry: RouteInfoManager | None = None,
-               clock_ms: Callable[[], int] | None = None) -> FastAPI:
+def create_app(
+    config: NamesrvConfig, registry: RouteInfoManager | None = None, clock_ms: Callable[[], int] | None = None
+) -> FastAPI:
     """Build the name server app. `clock_ms` is injectable for tests; the expiry scanner runs as a
     task for the app's lifetime."""
     registry = registry or RouteInfoManager(config.broker_expired_ms)
@@ -119,11 +122,20 @@ def create_app(config: NamesrvConfig, registry: RouteInfoManager | None = None,
 
     @app.post("/brokers/register", summary="Register a broker or refresh its heartbeat")
     async def register(body: RegisterBrokerIn) -> dict[str, Any]:
-        topics = {name: TopicRouteConfig(t.readQueueNums, t.writeQueueNums, t.perm)
-                  for name, t in body.topics.items()}
-        registry.register(cluster=body.clusterName, broker_name=body.brokerName, broker_id=body.brokerId,
-                          broker_addr=body.brokerAddr, ha_addr=body.haAddr, term=body.term,
-                          topics=topics, now_ms=now_ms())
+        topics = {
+            name: TopicRouteConfig(t.readQueueNums, t.writeQueueNums, t.perm)
+            for name, t in body.topics.items()
+        }
+        registry.register(
+            cluster=body.clusterName,
+            broker_name=body.brokerName,
+            broker_id=body.brokerId,
+            broker_addr=body.brokerAddr,
+            ha_addr=body.haAddr,
+            term=body.term,
+            topics=topics,
+            now_ms=now_ms(),
+        )
         c_reg.inc()
         return {"ok": True, "brokerExpiredMs": config.broker_expired_ms}
 
@@ -131,8 +143,11 @@ def create_app(config: NamesrvConfig, registry: RouteInfoManager | None = None,
     async def unregister(body: UnregisterBrokerIn) -> dict[str, Any]:
         return {"removed": registry.unregister(body.brokerAddr)}
 
-    @app.get("/routes/{topic}", summary="Broker sets holding a topic, their members and queue numbers",
-             responses={404: {"description": "TOPIC_NOT_EXIST"}})
+    @app.get(
+        "/routes/{topic}",
+        summary="Broker sets holding a topic, their members and queue numbers",
+        responses={404: {"description": "TOPIC_NOT_EXIST"}},
+    )
     async def route(topic: Annotated[str, Path(min_length=1, max_length=255)]) -> Any:
         doc = registry.route(topic, now_ms())
         c_route.labels(found=str(doc is not None).lower()).inc()

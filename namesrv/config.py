@@ -31,7 +31,7 @@ def read_properties(path: str | Path) -> dict[str, str]:
             key, value = parts[0], (parts[1] if len(parts) > 1 else "")
         else:
             pos = min(sep_positions)
-            key, value = line[:pos].strip(), line[pos + 1:].strip()
+            key, value = line[:pos].strip(), line[pos + 1 :].strip()
         if not key:
             raise ValueError(f"{path}:{lineno}: line has no key: {raw!r}")
         result[key] = value
@@ -40,12 +40,26 @@ def read_properties(path: str | Path) -> dict[str, str]:
 
 # RocketMQ name server keys we accept without acting on them (warned once each).
 _IGNORED_KEYS = {
-    "rocketmqHome", "kvConfigPath", "configStorePath", "productEnvName", "clusterTest", "orderMessageEnable",
-    "serverWorkerThreads", "serverCallbackExecutorThreads", "serverSelectorThreads",
+    "rocketmqHome",
+    "kvConfigPath",
+    "configStorePath",
+    "productEnvName",
+    "clusterTest",
+    "orderMessageEnable",
+    "serverWorkerThreads",
+    "serverCallbackExecutorThreads",
+    "serverSelectorThreads",
     "serverOnewaySemaphoreValue",
-    "serverAsyncSemaphoreValue", "serverChannelMaxIdleTimeSeconds", "serverSocketSndBufSize",
-    "serverSocketRcvBufSize", "serverPooledByteBufAllocatorEnable", "useEpollNativeSelector",
-    "defaultThreadPoolNums", "clientRequestThreadPoolNums", "enableAllTopicList", "enableTopicList",
+    "serverAsyncSemaphoreValue",
+    "serverChannelMaxIdleTimeSeconds",
+    "serverSocketSndBufSize",
+    "serverSocketRcvBufSize",
+    "serverPooledByteBufAllocatorEnable",
+    "useEpollNativeSelector",
+    "defaultThreadPoolNums",
+    "clientRequestThreadPoolNums",
+    "enableAllTopicList",
+    "enableTopicList",
 }
 
 

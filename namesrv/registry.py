@@ -53,25 +53,45 @@ class RouteInfoManager:
         self.expired_total = 0
 
     # -- broker callable API -------------------------------------------------------------------
-    def register(self, *, cluster: str, broker_name: str, broker_id: int, broker_addr: str,
-                 topics: dict[str, TopicRouteConfig], now_ms: int, ha_addr: str | None = None,
-                 term: int = 0) -> None:
+    def register(
+        self,
+        *,
+        cluster: str,
+        broker_name: str,
+        broker_id: int,
+        broker_addr: str,
+        topics: dict[str, TopicRouteConfig],
+        now_ms: int,
+        ha_addr: str | None = None,
+        term: int = 0,
+    ) -> None:
         """Register or refresh a broker (heartbeat). Affects: routes and cluster view at once."""
         old = self._brokers.get(broker_addr)
         if old is None or old.broker_id != broker_id or old.broker_name != broker_name:
-            log.info("namesrv register cluster=%s brokerName=%s brokerId=%s addr=%s term=%s (was %s)",
-                     cluster, broker_name, broker_id, broker_addr, term,
-                     None if old is None else f"{old.broker_name}/{old.broker_id}")
-        self._brokers[broker_addr] = BrokerLiveInfo(cluster, broker_name, broker_id, broker_addr, ha_addr,
-                                                    term, now_ms, topics)
+            log.info(
+                "namesrv register cluster=%s brokerName=%s brokerId=%s addr=%s term=%s (was %s)",
+                cluster,
+                broker_name,
+                broker_id,
+                broker_addr,
+                term,
+                None if old is None else f"{old.broker_name}/{old.broker_id}",
+            )
+        self._brokers[broker_addr] = BrokerLiveInfo(
+            cluster, broker_name, broker_id, broker_addr, ha_addr, term, now_ms, topics
+        )
         self.registrations_total += 1
 
     def unregister(self, broker_addr: str) -> bool:
         """Remove a broker that shut down cleanly. Returns whether it was known."""
         info = self._brokers.pop(broker_addr, None)
         if info:
-            log.info("namesrv unregister brokerName=%s brokerId=%s addr=%s",
-                     info.broker_name, info.broker_id, broker_addr)
+            log.info(
+                "namesrv unregister brokerName=%s brokerId=%s addr=%s",
+                info.broker_name,
+                info.broker_id,
+                broker_addr,
+            )
         return info is not None
 
     # -- scanner API -------------------------------------------------------------------------------
@@ -81,8 +101,13 @@ class RouteInfoManager:
         for addr in dead:
             b = self._brokers.pop(addr)
             self.expired_total += 1
-            log.warning("namesrv broker expired brokerName=%s brokerId=%s addr=%s silentMs=%d",
-                        b.broker_name, b.broker_id, addr, now_ms - b.last_update_ms)
+            log.warning(
+                "namesrv broker expired brokerName=%s brokerId=%s addr=%s silentMs=%d",
+                b.broker_name,
+                b.broker_id,
+                addr,
+                now_ms - b.last_update_ms,
+            )
         return dead
 
     # -- views (HTTP) --------------------------------------------------------------------------
@@ -118,15 +143,17 @@ class RouteInfoManager:
             cfg = next((m.topics[topic] for m in source if topic in m.topics), None)
             if cfg is None:
                 continue
-            brokers.append({
-                "brokerName": name,
-                "cluster": members[0].cluster,
-                "addrs": addrs,
-                "masterAddr": master.broker_addr if master else None,
-                "readQueueNums": cfg.read_queue_nums,
-                "writeQueueNums": cfg.write_queue_nums,
-                "perm": cfg.perm,
-            })
+            brokers.append(
+                {
+                    "brokerName": name,
+                    "cluster": members[0].cluster,
+                    "addrs": addrs,
+                    "masterAddr": master.broker_addr if master else None,
+                    "readQueueNums": cfg.read_queue_nums,
+                    "writeQueueNums": cfg.write_queue_nums,
+                    "perm": cfg.perm,
+                }
+            )
         if not brokers:
             return None
         return {"topic": topic, "brokers": brokers}
@@ -152,8 +179,14 @@ class RouteInfoManager:
                 "term": max(m.term for m in members),
                 "lastUpdate": max(m.last_update_ms for m in members),
                 "members": [
-                    {"brokerId": m.broker_id, "addr": m.broker_addr, "haAddr": m.ha_addr, "term": m.term,
-                     "lastUpdate": m.last_update_ms, "topicCount": len(m.topics)}
+                    {
+                        "brokerId": m.broker_id,
+                        "addr": m.broker_addr,
+                        "haAddr": m.ha_addr,
+                        "term": m.term,
+                        "lastUpdate": m.last_update_ms,
+                        "topicCount": len(m.topics),
+                    }
                     for m in sorted(members, key=lambda m: (m.broker_id, m.broker_addr))
                 ],
             }

@@ -66,8 +66,14 @@ class ProcessGroup:
     def start(self, name: str, module: str, *args: str) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        proc = subprocess.Popen([PY, "-m", module, *args], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [PY, "-m", module, *args],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         log.close()
         self.procs[name] = proc
         return proc
@@ -99,8 +105,9 @@ class ProcessGroup:
                 proc.wait(5)
 
 
-def wait_http(url: str, timeout_s: float = 15.0, ok=lambda r: r.status_code == 200,
-              proc=None) -> httpx.Response:
+def wait_http(
+    url: str, timeout_s: float = 15.0, ok=lambda r: r.status_code == 200, proc=None
+) -> httpx.Response:
     """Poll `url` until `ok(response)`; fails with the last error (and early if `proc` died)."""
     deadline = time.monotonic() + timeout_s
     last: object = None

@@ -16,9 +16,11 @@ def namesrvs(tmp_path):
     urls = []
     for i in range(2):
         port = free_port()
-        conf = write_conf(CONF / "namesrv.conf", tmp_path / f"namesrv{i}.conf",
-                          {"listenPort": str(port), "brokerExpiredMs": "600",
-                           "scanNotActiveBrokerInterval": "100"})
+        conf = write_conf(
+            CONF / "namesrv.conf",
+            tmp_path / f"namesrv{i}.conf",
+            {"listenPort": str(port), "brokerExpiredMs": "600", "scanNotActiveBrokerInterval": "100"},
+        )
         proc = group.start(f"namesrv{i}", "namesrv", "-c", str(conf))
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", proc=proc)
@@ -28,9 +30,17 @@ def namesrvs(tmp_path):
 
 
 def register(url: str, addr: str, bid: int, term: int = 1) -> None:
-    r = httpx.post(url + "/brokers/register", json={
-        "clusterName": "DefaultCluster", "brokerName": "broker-a", "brokerId": bid, "brokerAddr": addr,
-        "term": term, "topics": {"orders": {"readQueueNums": 4, "writeQueueNums": 4, "perm": 6}}})
+    r = httpx.post(
+        url + "/brokers/register",
+        json={
+            "clusterName": "DefaultCluster",
+            "brokerName": "broker-a",
+            "brokerId": bid,
+            "brokerAddr": addr,
+            "term": term,
+            "topics": {"orders": {"readQueueNums": 4, "writeQueueNums": 4, "perm": 6}},
+        },
+    )
     assert r.status_code == 200, r.text
 
 
@@ -62,10 +72,13 @@ def test_route_cluster_and_expiry(namesrvs):
 
 def test_bad_registration_is_problem_json_naming_field(namesrvs):
     a, _ = namesrvs
-    r = httpx.post(a + "/brokers/register", json={"clusterName": "c", "brokerName": "x", "brokerId": -1,
-                                                  "brokerAddr": "h:1"})
+    r = httpx.post(
+        a + "/brokers/register",
+        json={"clusterName": "c", "brokerName": "x", "brokerId": -1, "brokerAddr": "h:1"},
+    )
     assert r.status_code == 400
     assert r.json()["code"] == "INVALID_REQUEST" and r.json()["field"] == "brokerId"
-    r = httpx.post(a + "/brokers/register", content=b"{not json",
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        a + "/brokers/register", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400

@@ -13,8 +13,15 @@ T = {"orders": TopicRouteConfig(4, 4, 6)}
 
 
 def reg(m: RouteInfoManager, addr: str, bid: int, now: int, term: int = 1, name: str = "broker-a", topics=T):
-    m.register(cluster="DefaultCluster", broker_name=name, broker_id=bid, broker_addr=addr, topics=topics,
-               now_ms=now, term=term)
+    m.register(
+        cluster="DefaultCluster",
+        broker_name=name,
+        broker_id=bid,
+        broker_addr=addr,
+        topics=topics,
+        now_ms=now,
+        term=term,
+    )
 
 
 def test_route_lists_set_members_by_broker_id():

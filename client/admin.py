@@ -1,0 +1,274 @@
+"""`Admin` / `AsyncAdmin`: the operations behind `mqadmin` (topics, cluster, offsets, messages,
+leadership transfer), over the name servers' and brokers' HTTP APIs."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from client.errors import BrokerUnreachableError, LedgerMQError, MessageNotFoundError, NotFoundError
+from client.transport import AsyncTransport, base_url, split_addrs
+
+
+@dataclass
+class BrokerSet:
+    """A broker set as the cluster view lists it."""
+
+    broker_name: str
+    cluster: str
+    addrs: dict[int, str]
+    master_addr: str | None
+
+    @property
+    def master_url(self) -> str | None:
+        addr = self.master_addr or self.addrs.get(0)
+        return base_url(addr) if addr else None
+
+    def urls(self) -> list[str]:
+        first = [self.master_addr] if self.master_addr else []
+        return [
+            base_url(a) for a in first + [a for _, a in sorted(self.addrs.items()) if a != self.master_addr]
+        ]
+
+
+class AsyncAdmin:
+    """Admin operations. With name servers, broker sets come from `GET /cluster`; with only
+    `broker_addr`, each address is its own set."""
+
+    def __init__(
+        self,
+        namesrv_addr: str | list[str] | None = None,
+        *,
+        broker_addr: str | list[str] | None = None,
+        token: str | None = None,
+        request_timeout_s: float = 10.0,
+    ) -> None:
+        self.transport = AsyncTransport(token=token, timeout_s=request_timeout_s)
+        self.namesrv_urls = split_addrs(namesrv_addr)
+        self.broker_urls = split_addrs(broker_addr)
+        if not self.namesrv_urls and not self.broker_urls:
+            raise LedgerMQError("give a name server address (-n) or a broker address (-b)")
+
+    async def close(self) -> None:
+        await self.transport.aclose()
+
+    async def _namesrv(self, path: str) -> Any:
+        last: Exception | None = None
+        for url in self.namesrv_urls:
+            try:
+                return await self.transport.request("GET", url + path)
+            except BrokerUnreachableError as exc:
+                last = exc
+        raise BrokerUnreachableError(f"no name server answered {path}: {last}")
+
+    async def cluster(self) -> dict[str, Any]:
+        """The name server's cluster view (`GET /cluster`)."""
+        if not self.namesrv_urls:
+            return {
+                "clusters": {"static": self.broker_urls},
+                "brokers": {
+                    u: {"cluster": "static", "addrs": {"0": u}, "masterAddr": u} for u in self.broker_urls
+                },
+            }
+        return await self._namesrv("/cluster")
+
+    async def broker_sets(
+        self, cluster: str | None = None, broker_name: str | None = None
+    ) -> list[BrokerSet]:
+        view = await self.cluster()
+        sets = [
+            BrokerSet(name, b["cluster"], {int(k): v for k, v in b["addrs"].items()}, b.get("masterAddr"))
+            for name, b in view["brokers"].items()
+        ]
+        sets = [s for s in sets if (cluster is None or s.cluster == cluster)]
+        sets = [s for s in sets if (broker_name is None or s.broker_name == broker_name)]
+        if not sets:
+            raise NotFoundError(f"no live broker set (cluster={cluster}, brokerName={broker_name})")
+        return sets
+
+    @staticmethod
+    def _master(s: BrokerSet) -> str:
+        if s.master_url is None:
+            raise BrokerUnreachableError(f"broker set {s.broker_name} has no master right now")
+        return s.master_url
+
+    # -- topics ----------------------------------------------------------------------------------
+    async def update_topic(
+        self,
+        topic: str,
+        read_queue_nums: int = 8,
+        write_queue_nums: int = 8,
+        perm: int = 6,
+        cluster: str | None = None,
+        broker_name: str | None = None,
+    ) -> dict[str, Any]:
+        """Create or update a topic on the master of every matching broker set."""
+        body = {"readQueueNums": read_queue_nums, "writeQueueNums": write_queue_nums, "perm": perm}
+        out = {}
+        for s in await self.broker_sets(cluster, broker_name):
+            out[s.broker_name] = await self.transport.request(
+                "PUT", f"{self._master(s)}/topics/{topic}", json=body
+            )
+        return out
+
+    async def delete_topic(self, topic: str, cluster: str | None = None) -> list[str]:
+        deleted = []
+        for s in await self.broker_sets(cluster):
+            try:
+                await self.transport.request("DELETE", f"{self._master(s)}/topics/{topic}")
+                deleted.append(s.broker_name)
+            except NotFoundError:
+                pass
+        return deleted
+
+    async def topic_list(self) -> list[str]:
+        if self.namesrv_urls:
+            return (await self._namesrv("/topics"))["topics"]
+        names: set[str] = set()
+        for url in self.broker_urls:
+            names.update((await self.transport.request("GET", f"{url}/topics"))["topics"])
+        return sorted(names)
+
+    async def topic_route(self, topic: str) -> dict[str, Any]:
+        if not self.namesrv_urls:
+            raise LedgerMQError("topicRoute needs a name server (-n)")
+        return await self._namesrv(f"/routes/{topic}")
+
+    async def topic_status(self, topic: str) -> list[dict[str, Any]]:
+        """Per broker set and queue: min and max offsets (from any member, master first)."""
+        rows = []
+        for s in await self.broker_sets():
+            try:
+                doc = await self._first(s, "GET", f"/topics/{topic}")
+            except NotFoundError:
+                continue
+            for q in doc["queues"]:
+                rows.append({"brokerName": s.broker_name, **q})
+        if not rows:
+            raise NotFoundError(f"topic {topic!r} is on no live broker set")
+        return rows
+
+    async def _first(self, s: BrokerSet, method: str, path: str, **kw: Any) -> Any:
+        last: Exception | None = None
+        for url in s.urls():
+            try:
+                return await self.transport.request(method, url + path, **kw)
+            except BrokerUnreachableError as exc:
+                last = exc
+        raise BrokerUnreachableError(f"no member of {s.broker_name} answered: {last}")
+
+    # -- cluster -------------------------------------------------------------------------------
+    async def cluster_list(self) -> list[dict[str, Any]]:
+        """Every member of every broker set with its `/status` (role, term, commit index)."""
+        rows = []
+        for s in await self.broker_sets():
+            for bid, addr in sorted(s.addrs.items()):
+                row: dict[str, Any] = {
+                    "cluster": s.cluster,
+                    "brokerName": s.broker_name,
+                    "brokerId": bid,
+                    "addr": addr,
+                }
+                try:
+                    st = await self.transport.request("GET", f"{base_url(addr)}/status", timeout_s=3.0)
+                    dl = st.get("dledger") or {}
+                    row.update(
+                        role=st.get("role"),
+                        term=dl.get("term"),
+                        leaderId=dl.get("leaderId"),
+                        selfId=dl.get("selfId"),
+                        committedIndex=dl.get("committedIndex"),
+                    )
+                except LedgerMQError as exc:
+                    row.update(role="UNREACHABLE", error=exc.code)
+                rows.append(row)
+        return rows
+
+    async def leadership_transfer(self, broker_name: str, transferee_id: str) -> dict[str, Any]:
+        """Ask the master of `broker_name` to hand DLedger leadership to member `transferee_id`."""
+        (s,) = await self.broker_sets(broker_name=broker_name)
+        return await self.transport.request(
+            "POST",
+            f"{self._master(s)}/admin/leadership-transfer",
+            json={"transfereeId": transferee_id},
+            timeout_s=15.0,
+        )
+
+    # -- consumers -----------------------------------------------------------------------------
+    async def consumer_progress(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
+        rows = []
+        params = {"topic": topic} if topic else None
+        for s in await self.broker_sets():
+            doc = await self._first(s, "GET", f"/consumers/{group}/offsets", params=params)
+            rows += [{"brokerName": s.broker_name, **o} for o in doc["offsets"]]
+        return rows
+
+    async def reset_offset_by_time(self, group: str, topic: str, timestamp_ms: int) -> list[dict[str, Any]]:
+        """Move the group's committed offset of each queue to the first message stored at or after
+        `timestamp_ms` (RocketMQ's resetOffsetByTime)."""
+        rows = []
+        for s in await self.broker_sets():
+            try:
+                info = await self._first(s, "GET", f"/topics/{topic}")
+            except NotFoundError:
+                continue
+            offsets = {}
+            for q in info["queues"]:
+                doc = await self._first(
+                    s,
+                    "GET",
+                    f"/topics/{topic}/queues/{q['queueId']}/offset",
+                    params={"timestamp": timestamp_ms},
+                )
+                offsets[str(q["queueId"])] = doc["offset"]
+                rows.append({"brokerName": s.broker_name, "queueId": q["queueId"], "offset": doc["offset"]})
+            await self.transport.request(
+                "PUT",
+                f"{self._master(s)}/consumers/{group}/offsets",
+                json={"topic": topic, "offsets": offsets},
+            )
+        return rows
+
+    # -- messages ------------------------------------------------------------------------------
+    async def query_msg_by_id(self, msg_id: str) -> dict[str, Any]:
+        """Look a message up on every broker set (its id encodes the store host and position)."""
+        sets = await self.broker_sets()
+        for s in sets:
+            try:
+                return {"brokerName": s.broker_name, **await self._first(s, "GET", f"/messages/{msg_id}")}
+            except (MessageNotFoundError, NotFoundError, BrokerUnreachableError):
+                continue
+        raise MessageNotFoundError(f"message {msg_id} not found on any broker set")
+
+
+class Admin:
+    """Blocking twin of `AsyncAdmin` (same methods, run on a private event loop)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        self._runner = asyncio.Runner()
+        self._a: AsyncAdmin = self._runner.run(_make(*args, **kw))
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._a, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+
+        def call(*args: Any, **kw: Any) -> Any:
+            return self._runner.run(attr(*args, **kw))
+
+        return call
+
+    def close(self) -> None:
+        self._runner.run(self._a.close())
+        self._runner.close()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _make(*args: Any, **kw: Any) -> AsyncAdmin:
+    return AsyncAdmin(*args, **kw)

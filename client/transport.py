@@ -1,0 +1,209 @@
+"""HTTP plumbing shared by the SDK: one httpx client, problem+json → typed exceptions, and the
+name-server route cache."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+from client.errors import (
+    BrokerUnreachableError,
+    LedgerMQError,
+    OutcomeUnknownError,
+    TopicNotExistError,
+    error_from_problem,
+)
+
+log = logging.getLogger(__name__)
+
+PERM_WRITE = 2
+PERM_READ = 4
+
+
+def base_url(addr: str) -> str:
+    """`host:port` (as brokers register) → `http://host:port`; full URLs pass through."""
+    return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
+
+
+def split_addrs(addrs: str | list[str] | None) -> list[str]:
+    """`a:1;b:2` (RocketMQ's namesrvAddr) or a list → list of base URLs."""
+    if not addrs:
+        return []
+    items = addrs if isinstance(addrs, list) else addrs.replace(",", ";").split(";")
+    return [base_url(a.strip()) for a in items if a.strip()]
+
+
+class AsyncTransport:
+    """One pooled `httpx.AsyncClient`; `request` returns decoded JSON or raises a LedgerMQError."""
+
+    def __init__(self, token: str | None = None, timeout_s: float = 10.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=3.0),
+            headers=headers,
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+        self.timeout_s = timeout_s
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        json: Any = None,
+        content: bytes | None = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
+        hdrs = dict(headers or {})
+        if json is not None:
+            content = orjson.dumps(json)
+            hdrs.setdefault("Content-Type", "application/json")
+        try:
+            resp = await self._client.request(
+                method,
+                url,
+                content=content,
+                params=params,
+                headers=hdrs,
+                timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            # Nothing reached the server: safe to retry anywhere.
+            raise BrokerUnreachableError(f"{method} {url}: {exc!r}") from exc
+        except httpx.TransportError as exc:
+            # The request may have been received: the outcome is unknown.
+            raise OutcomeUnknownError(f"{method} {url}: {exc!r}") from exc
+        if resp.status_code >= 400:
+            try:
+                body = orjson.loads(resp.content)
+            except orjson.JSONDecodeError:
+                body = resp.text
+            raise error_from_problem(resp.status_code, body)
+        if not resp.content:
+            return None
+        ctype = resp.headers.get("content-type", "")
+        return orjson.loads(resp.content) if "json" in ctype else resp.text
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+@dataclass
+class BrokerSetRoute:
+    """One broker set holding a topic, as `GET /routes/{topic}` describes it."""
+
+    broker_name: str
+    addrs: dict[int, str]
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    master_addr: str | None = None
+
+    @property
+    def master_url(self) -> str | None:
+        addr = self.master_addr or self.addrs.get(0)
+        return base_url(addr) if addr else None
+
+    def urls(self) -> list[str]:
+        """Master first, then the slaves (for reads)."""
+        ordered = [self.master_addr] if self.master_addr else []
+        ordered += [a for _, a in sorted(self.addrs.items()) if a != self.master_addr]
+        return [base_url(a) for a in ordered]
+
+
+@dataclass
+class TopicRoute:
+    topic: str
+    brokers: list[BrokerSetRoute]
+    fetched_at: float = field(default_factory=time.monotonic)
+
+    def broker(self, name: str) -> BrokerSetRoute | None:
+        return next((b for b in self.brokers if b.broker_name == name), None)
+
+
+class RouteCache:
+    """Topic routes from the name servers (tried in turn), cached for `ttl_s`.
+
+    Static mode: with no name servers but `broker_addrs`, each address is a single-member set named
+    by its address (handy for a single broker and tests)."""
+
+    def __init__(
+        self,
+        transport: AsyncTransport,
+        namesrv_addrs: list[str],
+        broker_addrs: list[str],
+        ttl_s: float = 30.0,
+    ) -> None:
+        self.transport = transport
+        self.namesrv_urls = namesrv_addrs
+        self.broker_urls = broker_addrs
+        self.ttl_s = ttl_s
+        self._routes: dict[str, TopicRoute] = {}
+        self._next_ns = 0
+        self._lock = asyncio.Lock()
+
+    async def get(self, topic: str, refresh: bool = False) -> TopicRoute:
+        route = self._routes.get(topic)
+        if route and not refresh and time.monotonic() - route.fetched_at < self.ttl_s:
+            return route
+        async with self._lock:
+            route = self._routes.get(topic)
+            if route and not refresh and time.monotonic() - route.fetched_at < self.ttl_s:
+                return route
+            try:
+                route = await self._fetch(topic)
+            except BrokerUnreachableError:
+                if route:  # name servers down: keep using the cached route (RocketMQ clients do)
+                    log.warning("route refresh failed for topic=%s; using cached route", topic)
+                    return route
+                raise
+            self._routes[topic] = route
+            return route
+
+    def invalidate(self, topic: str) -> None:
+        self._routes.pop(topic, None)
+
+    async def _fetch(self, topic: str) -> TopicRoute:
+        if not self.namesrv_urls:
+            if not self.broker_urls:
+                raise LedgerMQError("no name server and no broker address configured")
+            return TopicRoute(
+                topic, [BrokerSetRoute(u, {0: u}, 0, 0, PERM_READ | PERM_WRITE, u) for u in self.broker_urls]
+            )
+        last: LedgerMQError | None = None
+        for i in range(len(self.namesrv_urls)):
+            url = self.namesrv_urls[(self._next_ns + i) % len(self.namesrv_urls)]
+            try:
+                doc = await self.transport.request("GET", f"{url}/routes/{topic}", timeout_s=3.0)
+            except TopicNotExistError:
+                raise
+            except LedgerMQError as exc:
+                last = exc
+                continue
+            self._next_ns = (self._next_ns + i) % len(self.namesrv_urls)
+            return parse_route(doc)
+        raise BrokerUnreachableError(f"no name server answered for topic {topic!r}: {last}")
+
+
+def parse_route(doc: dict[str, Any]) -> TopicRoute:
+    """Decode a `GET /routes/{topic}` answer."""
+    brokers = [
+        BrokerSetRoute(
+            b["brokerName"],
+            {int(k): v for k, v in b.get("addrs", {}).items()},
+            int(b.get("readQueueNums", 0)),
+            int(b.get("writeQueueNums", 0)),
+            int(b.get("perm", 6)),
+            b.get("masterAddr"),
+        )
+        for b in doc.get("brokers", [])
+    ]
+    return TopicRoute(doc["topic"], brokers)
