@@ -1,0 +1,243 @@
+"""Executor side of the source: read exactly ``[start, end)`` of one consume queue as Arrow batches.
+
+Runs inside Spark's Python workers. Everything it needs arrives in the pickled ``QueuePartition``
+and ``FetchOptions`` (small, plain data); the HTTP client is opened here, inside ``read()``, never
+carried over from the driver.
+
+Reading pages through ``GET /topics/{t}/queues/{q}/messages?offset=&maxMessages=`` until ``end``.
+Replicas are tried in the partition's order (master first); a member that is down, is not yet
+caught up, or does not know the topic is skipped for the next one, and when all fail the route is
+asked again from the name server (after a failover the new master is registered there). The same
+range always yields the same rows, which is what a re-run micro-batch relies on.
+"""
+
+from __future__ import annotations
+
+import binascii
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import orjson
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+
+from pipeline.offsets import DataLossError
+from pipeline.routes import LedgerMQError, RouteResolver, base_url, problem_of
+from pipeline.schema import source_arrow_schema
+
+log = logging.getLogger("ledgermq.pipeline.fetch")
+
+
+@dataclass
+class QueuePartition(InputPartition):
+    """One Spark input partition: ``[start, end)`` of ``topic``'s queue ``queue_id`` on ``broker_name``."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+    start: int
+    end: int
+    addrs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FetchOptions:
+    """Reader settings shipped to executors with the pickled reader."""
+
+    namesrv_addrs: tuple[str, ...]
+    broker_addrs: tuple[str, ...]
+    page_size: int = 1000
+    poll_timeout_ms: int = 120_000
+    fail_on_data_loss: bool = True
+    include_properties: bool = False
+
+
+class QueueFetcher:
+    """Pages through one queue range; one instance per ``read()`` call (owns its HTTP client)."""
+
+    def __init__(self, part: QueuePartition, opts: FetchOptions) -> None:
+        self.part = part
+        self.opts = opts
+        self.addrs = list(part.addrs) or []
+        self.addr_index = 0
+        self.schema = source_arrow_schema(opts.include_properties)
+        self.http = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
+
+    def close(self) -> None:
+        """Release the HTTP client."""
+        self.http.close()
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """Yield one RecordBatch per page until the whole range has been read."""
+        p = self.part
+        offset = p.start
+        deadline = time.monotonic() + self.opts.poll_timeout_ms / 1000.0
+        while offset < p.end:
+            page = self._pull(offset, min(self.opts.page_size, p.end - offset), deadline)
+            if page is None:  # this member has nothing at `offset` yet: wait / rotate
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"ledgermq: {p.topic}/{p.broker_name}:{p.queue_id} offsets [{offset}, {p.end}) not "
+                        f"readable from any of {self.addrs} within pollTimeoutMs={self.opts.poll_timeout_ms}"
+                    )
+                continue
+            msgs, min_offset = page
+            if offset < min_offset or (msgs and int(msgs[0]["queueOffset"]) > offset):
+                first = min_offset if not msgs else max(min_offset, int(msgs[0]["queueOffset"]))
+                offset = self._data_loss(offset, first)
+                msgs = [m for m in msgs if int(m["queueOffset"]) >= offset]
+            msgs = [m for m in msgs if int(m["queueOffset"]) < p.end]
+            if not msgs:
+                continue
+            self._check_contiguous(msgs, offset)
+            offset = int(msgs[-1]["queueOffset"]) + 1
+            deadline = time.monotonic() + self.opts.poll_timeout_ms / 1000.0
+            yield self._to_arrow(msgs)
+
+    def _data_loss(self, wanted: int, first: int) -> int:
+        p = self.part
+        text = (
+            f"ledgermq: data loss in {p.topic}/{p.broker_name}:{p.queue_id}: offsets [{wanted}, {first}) "
+            f"were deleted (retention?) before they were read"
+        )
+        if self.opts.fail_on_data_loss:
+            raise DataLossError(text + "; set failOnDataLoss=false to skip them")
+        log.warning(
+            "event=data_loss_skipped topic=%s broker=%s queue=%d from=%d to=%d",
+            p.topic,
+            p.broker_name,
+            p.queue_id,
+            wanted,
+            first,
+        )
+        return min(first, p.end)
+
+    def _check_contiguous(self, msgs: list[dict], offset: int) -> None:
+        for i, m in enumerate(msgs):
+            if int(m["queueOffset"]) != offset + i:
+                raise LedgerMQError(
+                    f"ledgermq: broker returned non-contiguous offsets for {self.part.topic}/"
+                    f"{self.part.broker_name}:{self.part.queue_id}: expected {offset + i}, "
+                    f"got {m['queueOffset']}"
+                )
+
+    def _pull(self, offset: int, count: int, deadline: float) -> tuple[list[dict], int] | None:
+        """One page from the current member, or None (moving on to the next member) if it cannot serve it."""
+        if not self.addrs:
+            self._refresh_route()
+            if not self.addrs:
+                time.sleep(0.2)
+                return None
+        addr = self.addrs[self.addr_index % len(self.addrs)]
+        wait_ms = max(0, min(500, int((deadline - time.monotonic()) * 1000)))
+        p = self.part
+        url = f"{addr}/topics/{p.topic}/queues/{p.queue_id}/messages"
+        params = {"offset": offset, "maxMessages": count, "bodyEncoding": "base64", "waitMs": wait_ms}
+        try:
+            resp = self.http.get(url, params=params)
+        except httpx.TransportError as exc:
+            log.warning(
+                "event=pull_unreachable addr=%s topic=%s queue=%d error=%r", addr, p.topic, p.queue_id, exc
+            )
+            self._next_member(sleep_s=0.1)
+            return None
+        if resp.status_code == 200:
+            doc = orjson.loads(resp.content)
+            msgs = doc.get("messages") or []
+            min_offset = int(doc.get("minOffset", 0))
+            if not msgs and offset >= min_offset:
+                # Not there yet on this member (a slave catching up, or a new master replaying).
+                self._next_member(sleep_s=0.0 if wait_ms else 0.05)
+                return None
+            return msgs, min_offset
+        err = problem_of(resp, f"pull {p.topic}/{p.broker_name}:{p.queue_id}@{offset}")
+        if (
+            err.code == "OFFSET_OUT_OF_RANGE"
+            and "minOffset" in err.body
+            and offset < int(err.body["minOffset"])
+        ):
+            return [], int(err.body["minOffset"])
+        if resp.status_code in (400, 422) and err.code not in ("OFFSET_OUT_OF_RANGE",):
+            raise err  # our request is wrong: retrying elsewhere will not help
+        log.warning("event=pull_retry addr=%s error=%s", addr, err)
+        self._next_member(sleep_s=0.1)
+        return None
+
+    def _next_member(self, sleep_s: float) -> None:
+        self.addr_index += 1
+        if self.addr_index % max(1, len(self.addrs)) == 0:
+            # Went round every member: ask for the route again (failover re-registers the master).
+            self._refresh_route()
+            if sleep_s:
+                time.sleep(sleep_s)
+
+    def _refresh_route(self) -> None:
+        if not self.opts.namesrv_addrs:
+            return
+        resolver = RouteResolver(self.opts.namesrv_addrs, (), timeout_s=5.0)
+        try:
+            for bs in resolver.broker_sets(self.part.topic):
+                if bs.broker_name == self.part.broker_name and bs.addrs:
+                    fresh = [base_url(a) for a in bs.addrs]
+                    # Keep members we knew too: a slave missing from the route may still serve reads.
+                    self.addrs = fresh + [a for a in self.addrs if a not in fresh]
+                    self.addr_index = 0
+        except (httpx.TransportError, LedgerMQError) as exc:
+            log.warning("event=route_refresh_failed topic=%s error=%r", self.part.topic, exc)
+        finally:
+            resolver.close()
+
+    def _to_arrow(self, msgs: list[dict]) -> pa.RecordBatch:
+        p = self.part
+        n = len(msgs)
+        a2b = binascii.a2b_base64
+        keys, values, msg_ids, tags, clog, qoff, born, store = [], [], [], [], [], [], [], []
+        props = [] if self.opts.include_properties else None
+        for m in msgs:
+            ks = m.get("keys")
+            keys.append(ks[0] if ks else None)
+            body = m.get("body")
+            if body is None:
+                values.append(None)
+            elif m.get("bodyEncoding", "base64") == "base64":
+                values.append(a2b(body))
+            else:
+                values.append(body.encode())
+            msg_ids.append(m.get("msgId"))
+            tags.append(m.get("tags"))
+            clog.append(m["commitLogOffset"])
+            qoff.append(m["queueOffset"])
+            bt, st = m.get("bornTimestamp"), m.get("storeTimestamp")
+            born.append(None if bt is None else bt * 1000)
+            store.append(None if st is None else st * 1000)
+            if props is not None:
+                props.append(list((m.get("properties") or {}).items()))
+        s = self.schema
+        cols = [
+            pa.array(keys, s.field("key").type),
+            pa.array(values, s.field("value").type),
+            pa.array([p.topic] * n, s.field("topic").type),
+            pa.array([p.broker_name] * n, s.field("brokerName").type),
+            pa.array([p.queue_id] * n, s.field("queueId").type),
+            pa.array(qoff, s.field("queueOffset").type),
+            pa.array(clog, s.field("commitLogOffset").type),
+            pa.array(msg_ids, s.field("msgId").type),
+            pa.array(tags, s.field("tags").type),
+        ]
+        if props is not None:
+            cols.append(pa.array(props, s.field("properties").type))
+        cols.append(pa.array(born, s.field("bornTimestamp").type))
+        cols.append(pa.array(store, s.field("storeTimestamp").type))
+        return pa.RecordBatch.from_arrays(cols, schema=s)
+
+
+def read_partition(part: QueuePartition, opts: FetchOptions) -> Iterator[pa.RecordBatch]:
+    """The body of the readers' ``read()``: open a client, page through the range, close."""
+    fetcher = QueueFetcher(part, opts)
+    try:
+        yield from fetcher.batches()
+    finally:
+        fetcher.close()
