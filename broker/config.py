@@ -1,0 +1,330 @@
+"""Broker configuration: RocketMQ `.properties` files → a typed `BrokerConfig`.
+
+Keys keep RocketMQ's spelling at the edge (`dLegerPeers`) and become snake_case attributes inside,
+mapped in ONE table (`KEYS`). An operator's existing RocketMQ file loads: keys RocketMQ knows but we
+do not implement (`UNIMPLEMENTED_KEYS`) are accepted with one warning each. A key nobody knows (a
+typo) or a bad value is refused at start with the file, the key, the reason and the nearest known
+key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from dledger.config import DLedgerConfig, parse_peers
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """A config file that cannot start a broker: names the file, key, reason and nearest key."""
+
+    def __init__(self, source: str, key: str, reason: str, nearest: str | None = None) -> None:
+        self.source, self.key, self.reason, self.nearest = source, key, reason, nearest
+        hint = f" (did you mean {nearest!r}?)" if nearest else ""
+        super().__init__(f"{source}: key {key!r}: {reason}{hint}")
+
+
+def _bool(v: str) -> bool:
+    low = v.strip().lower()
+    if low in ("true", "yes", "1", "on"):
+        return True
+    if low in ("false", "no", "0", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {v!r}")
+
+
+def _int(v: str) -> int:
+    try:
+        return int(v.strip())
+    except ValueError:
+        raise ValueError(f"expected an integer, got {v!r}") from None
+
+
+def _pos_int(v: str) -> int:
+    n = _int(v)
+    if n <= 0:
+        raise ValueError(f"expected a positive integer, got {n}")
+    return n
+
+
+def _nonneg_int(v: str) -> int:
+    n = _int(v)
+    if n < 0:
+        raise ValueError(f"expected an integer >= 0, got {n}")
+    return n
+
+
+def _port(v: str) -> int:
+    n = _int(v)
+    if not 0 <= n < 65536:
+        raise ValueError(f"expected a port 0..65535, got {n}")
+    return n
+
+
+def _ratio_percent(v: str) -> int:
+    n = _int(v)
+    if not 10 <= n <= 95:
+        raise ValueError(f"expected a percentage 10..95, got {n}")
+    return n
+
+
+def _str(v: str) -> str:
+    return v.strip()
+
+
+def _flush_type(v: str) -> str:
+    s = v.strip().upper()
+    if s not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
+        raise ValueError(f"expected ASYNC_FLUSH or SYNC_FLUSH, got {v!r}")
+    return s
+
+
+def _delete_when(v: str) -> str:
+    for part in v.strip().split(";"):
+        if not part.isdigit() or not 0 <= int(part) <= 23:
+            raise ValueError(f"expected hours of day like 04 or 04;16, got {v!r}")
+    return v.strip()
+
+
+def _peers(v: str) -> str:
+    parse_peers(v)  # raises ValueError with the reason
+    return v.strip()
+
+
+def _path(v: str) -> str:
+    return os.path.expanduser(v.strip())
+
+
+# RocketMQ key -> (attribute, parser). The one table; BrokerConfig below holds the defaults.
+KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "brokerClusterName": ("broker_cluster_name", _str),
+    "brokerName": ("broker_name", _str),
+    "brokerId": ("broker_id", _nonneg_int),
+    "brokerIP1": ("broker_ip1", _str),
+    "listenPort": ("listen_port", _port),
+    "namesrvAddr": ("namesrv_addr", _str),
+    "storePathRootDir": ("store_path_root_dir", _path),
+    "enableDLegerCommitLog": ("enable_dleger_commit_log", _bool),
+    "dLegerGroup": ("dleger_group", _str),
+    "dLegerPeers": ("dleger_peers", _peers),
+    "dLegerSelfId": ("dleger_self_id", _str),
+    "preferredLeaderIds": ("preferred_leader_ids", _str),
+    "preferredLeaderId": ("preferred_leader_ids", _str),  # RocketMQ 4.x spelling
+    "enableBatchPush": ("enable_batch_push", _bool),
+    "autoCreateTopicEnable": ("auto_create_topic_enable", _bool),
+    "defaultTopicQueueNums": ("default_topic_queue_nums", _pos_int),
+    "maxMessageSize": ("max_message_size", _pos_int),
+    "mappedFileSizeCommitLog": ("mapped_file_size_commit_log", _pos_int),
+    "mappedFileSizeConsumeQueue": ("mapped_file_size_consume_queue", _pos_int),
+    "flushDiskType": ("flush_disk_type", _flush_type),
+    "deleteWhen": ("delete_when", _delete_when),
+    "fileReservedTime": ("file_reserved_time", _pos_int),
+    "diskMaxUsedSpaceRatio": ("disk_max_used_space_ratio", _ratio_percent),
+    "longPollingEnable": ("long_polling_enable", _bool),
+    "brokerSuspendMaxTimeMillis": ("broker_suspend_max_time_millis", _pos_int),
+    "slaveReadEnable": ("slave_read_enable", _bool),
+    "maxReconsumeTimes": ("max_reconsume_times", _nonneg_int),
+    "idempotencyWindowMs": ("idempotency_window_ms", _nonneg_int),
+    "aclEnable": ("acl_enable", _bool),
+    "aclConfigFile": ("acl_config_file", _path),
+}
+
+# Keys RocketMQ knows that LedgerMQ does not implement: accepted, one warning each.
+UNIMPLEMENTED_KEYS = frozenset("""
+fetchNamesrvAddrByAddressServer sendMessageThreadPoolNums pullMessageThreadPoolNums
+queryMessageThreadPoolNums adminBrokerThreadPoolNums clientManageThreadPoolNums
+consumerManageThreadPoolNums heartbeatThreadPoolNums endTransactionThreadPoolNums
+litePullMessageThreadPoolNums ackMessageThreadPoolNums processReplyMessageThreadPoolNums
+putMessageFutureThreadPoolNums flushConsumerOffsetInterval flushConsumerOffsetHistoryInterval
+rejectTransactionMessage storePathCommitLog storePathConsumeQueue storePathIndex storeCheckpoint
+abortFile storePathDLedgerCommitLog brokerRole haListenPort haMasterAddress haSendHeartbeatInterval
+haHousekeepingInterval haTransferBatchSize flushIntervalCommitLog flushCommitLogTimed
+flushIntervalConsumeQueue cleanResourceInterval deleteCommitLogFilesInterval
+deleteConsumeQueueFilesInterval destroyMapedFileIntervalForcibly redeleteHangedFileInterval
+cleanFileForciblyEnable maxTransferBytesOnMessageInMemory maxTransferCountOnMessageInMemory
+maxTransferBytesOnMessageInDisk maxTransferCountOnMessageInDisk accessMessageInMemoryMaxRatio
+messageIndexEnable maxHashSlotNum maxIndexNum maxMsgsNumBatch messageIndexSafe
+transientStorePoolEnable transientStorePoolSize fastFailIfNoBufferInStorePool
+useReentrantLockWhenPutMessage warmMapedFileEnable offsetCheckInSlave debugLockEnable
+duplicationEnable diskFallRecorded osPageCacheBusyTimeOutMills defaultQueryMaxNum
+enableConsumeQueueExt mappedFileSizeConsumeQueueExt bitMapLengthConsumeQueueExt rocketmqHome
+kvConfigPath configStorePath clusterTopicEnable brokerTopicEnable traceTopicEnable msgTraceTopicName
+brokerPermission serverWorkerThreads serverCallbackExecutorThreads serverSelectorThreads
+serverOnewaySemaphoreValue serverAsyncSemaphoreValue serverChannelMaxIdleTimeSeconds
+serverSocketSndBufSize serverSocketRcvBufSize serverPooledByteBufAllocatorEnable
+useEpollNativeSelector clientWorkerThreads clientCallbackExecutorThreads brokerIP2
+waitTimeMillsInSendQueue waitTimeMillsInPullQueue filterServerNums notifyConsumerIdsChangedEnable
+highSpeedMode commercialEnable transferMsgByHeap maxDelayTime regionId registerBrokerTimeoutMills
+shortPollingTimeMills enablePropertyFilter compressedRegister forceRegister registerNameServerPeriod
+transactionTimeOut transactionCheckMax transactionCheckInterval readUnCommitted messageDelayLevel
+syncFlushTimeout putMsgIndexHightWater flushLeastPagesWhenWarmMapedFile enableScheduleMessageStats
+autoCreateSubscriptionGroup traceOn enableControllerMode controllerAddr enableSlaveActingMaster
+timerWheelEnable enablePopLog enableCalcFilterBitMap storeReplyMessageEnable mappedFileSizeTimerLog
+timerPrecisionMs deleteFileBatchMax isEnableBatchPush enableDLegerCommitLogReadonly
+""".split())
+
+
+@dataclass
+class BrokerConfig:
+    """Typed broker settings (RocketMQ defaults unless a comment says why ours differ)."""
+
+    broker_cluster_name: str = "DefaultCluster"
+    broker_name: str = "broker-a"
+    broker_id: int = 0
+    broker_ip1: str = "127.0.0.1"
+    listen_port: int = 10911  # the broker's HTTP port
+    namesrv_addr: str = ""
+    store_path_root_dir: str = field(default_factory=lambda: os.path.expanduser("~/store"))
+    enable_dleger_commit_log: bool = False
+    dleger_group: str = ""
+    dleger_peers: str = ""
+    dleger_self_id: str = ""
+    preferred_leader_ids: str = ""
+    enable_batch_push: bool = True
+    auto_create_topic_enable: bool = True
+    default_topic_queue_nums: int = 8
+    max_message_size: int = 4 * 1024 * 1024
+    mapped_file_size_commit_log: int = 1024 * 1024 * 1024
+    mapped_file_size_consume_queue: int = 300_000 * 20
+    flush_disk_type: str = "ASYNC_FLUSH"
+    delete_when: str = "04"
+    file_reserved_time: int = 72  # hours
+    disk_max_used_space_ratio: int = 75  # percent
+    long_polling_enable: bool = True
+    broker_suspend_max_time_millis: int = 15_000
+    slave_read_enable: bool = False
+    max_reconsume_times: int = 16
+    idempotency_window_ms: int = 5 * 60 * 1000
+    acl_enable: bool = False
+    acl_config_file: str = ""
+    source: str = "<defaults>"  # where the config came from, for error messages
+    extra: dict[str, str] = field(default_factory=dict)  # accepted-but-unimplemented RocketMQ keys
+
+    @property
+    def broker_addr(self) -> str:
+        """This broker's HTTP address as clients reach it (brokerIP1:listenPort)."""
+        return f"{self.broker_ip1}:{self.listen_port}"
+
+    @property
+    def namesrv_addr_list(self) -> list[str]:
+        return [a.strip() for a in self.namesrv_addr.split(";") if a.strip()]
+
+    def validate(self) -> None:
+        """Cross-key checks, raising ConfigError naming the key."""
+        if self.cq_unit_misaligned():
+            raise ConfigError(self.source, "mappedFileSizeConsumeQueue", "must be a multiple of 20")
+        if self.enable_dleger_commit_log:
+            if not self.dleger_peers:
+                raise ConfigError(self.source, "dLegerPeers", "required when enableDLegerCommitLog=true")
+            peers = parse_peers(self.dleger_peers)
+            if self.dleger_self_id not in peers:
+                raise ConfigError(self.source, "dLegerSelfId",
+                                  f"{self.dleger_self_id!r} is not one of dLegerPeers {sorted(peers)}")
+            for pid in (p for p in self.preferred_leader_ids.split(";") if p.strip()):
+                if pid.strip() not in peers:
+                    raise ConfigError(self.source, "preferredLeaderIds", f"{pid!r} is not in dLegerPeers")
+
+    def cq_unit_misaligned(self) -> bool:
+        return self.mapped_file_size_consume_queue % 20 != 0
+
+    def to_dledger_config(self) -> DLedgerConfig:
+        """The embedded DLedger server's config, as RocketMQ's DLedgerCommitLog builds it."""
+        return DLedgerConfig(
+            group=self.dleger_group or self.broker_name,
+            self_id=self.dleger_self_id,
+            peers=self.dleger_peers,
+            store_base_dir=self.store_path_root_dir,
+            mapped_file_size_for_entry_data=self.mapped_file_size_commit_log,
+            delete_when=self.delete_when,
+            file_reserved_hours=self.file_reserved_time + 1,  # RocketMQ passes fileReservedTime + 1
+            disk_space_ratio_to_check_expired=self.disk_max_used_space_ratio / 100,
+            preferred_leader_ids=self.preferred_leader_ids or None,
+            enable_batch_push=self.enable_batch_push,
+            flush_disk_type=self.flush_disk_type,
+        )
+
+
+def parse_properties(text: str) -> list[tuple[int, str, str]]:
+    """Java `.properties` syntax → [(line number, key, value)]: `#`/`!` comments, `=`, `:` or
+    whitespace separators, backslash line continuation."""
+    out: list[tuple[int, str, str]] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        lineno, line = i + 1, lines[i].strip()
+        i += 1
+        while line.endswith("\\") and not line.endswith("\\\\") and i < len(lines):
+            line = line[:-1] + lines[i].strip()
+            i += 1
+        if not line or line[0] in "#!":
+            continue
+        cut = len(line)
+        for j, ch in enumerate(line):
+            if ch in "=: \t":
+                cut = j
+                break
+        key, rest = line[:cut], line[cut:].lstrip()
+        if rest[:1] in ("=", ":"):
+            rest = rest[1:]
+        out.append((lineno, key, rest.strip()))
+    return out
+
+
+def _known_keys() -> list[str]:
+    return [*KEYS, *UNIMPLEMENTED_KEYS]
+
+
+def config_from_mapping(values: Mapping[str, str], source: str = "<mapping>",
+                        lines: Mapping[str, int] | None = None) -> BrokerConfig:
+    """Build and validate a BrokerConfig from RocketMQ key → string value."""
+    cfg = BrokerConfig(source=source)
+    for key, raw in values.items():
+        where = f"{source}:{lines[key]}" if lines and key in lines else source
+        if key in KEYS:
+            attr, parse = KEYS[key]
+            try:
+                setattr(cfg, attr, parse(raw))
+            except ValueError as exc:
+                raise ConfigError(where, key, f"bad value: {exc}") from None
+        elif key in UNIMPLEMENTED_KEYS:
+            log.warning("event=config_key_ignored source=%s key=%s reason=not implemented by LedgerMQ",
+                        where, key)
+            cfg.extra[key] = raw
+        else:
+            nearest = difflib.get_close_matches(key, _known_keys(), n=1, cutoff=0.5)
+            raise ConfigError(where, key, "unknown key", nearest[0] if nearest else None)
+    cfg.validate()
+    return cfg
+
+
+def load_broker_config(path: str, overrides: Mapping[str, str] | None = None) -> BrokerConfig:
+    """Load a RocketMQ broker `.properties` file (then `overrides`, RocketMQ key names)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ConfigError(path, "-", f"cannot read config file: {exc.strerror}") from None
+    values: dict[str, str] = {}
+    lines: dict[str, int] = {}
+    for lineno, key, value in parse_properties(text):
+        values[key] = value
+        lines[key] = lineno
+    values.update(overrides or {})
+    return config_from_mapping(values, path, lines)
+
+
+def rocketmq_key_of(attr: str) -> str:
+    """The RocketMQ key of a BrokerConfig attribute (first in the table)."""
+    for key, (a, _) in KEYS.items():
+        if a == attr:
+            return key
+    raise KeyError(attr)
+
+
+assert {a for a, _ in KEYS.values()} <= {f.name for f in fields(BrokerConfig)}, "KEYS names unknown attrs"

@@ -1,0 +1,343 @@
+"""`Message`, `MessageExt` and the commit-log message codec in RocketMQ's v1 layout.
+
+Commit-log message (big-endian, IPv4 hosts, MAGICCODE v1)::
+
+    offset  size  field
+    0       4     TOTALSIZE
+    4       4     MAGICCODE                 0xDAA320A7
+    8       4     BODYCRC                   crc32(body) & 0x7FFFFFFF, as RocketMQ
+    12      4     QUEUEID
+    16      4     FLAG
+    20      8     QUEUEOFFSET               (QUEUE_OFFSET_POSITION)
+    28      8     PHYSICALOFFSET            (PHY_POS_POSITION)
+    36      4     SYSFLAG
+    40      8     BORNTIMESTAMP
+    48      8     BORNHOST                  IPv4 4 + port 4
+    56      8     STORETIMESTAMP            (STORE_TIMESTAMP_POSITION)
+    64      8     STOREHOST                 IPv4 4 + port 4
+    72      4     RECONSUMETIMES
+    76      8     PREPARED_TRANSACTION_OFFSET
+    84      4+n   BODY
+    ..      1+n   TOPIC
+    ..      2+n   PROPERTIES                key\\x01value\\x02 ...
+
+Fixed overhead: 91 bytes. The offset message id is STOREHOST (8 bytes) + PHYSICALOFFSET (8 bytes)
+in upper-case hex (32 characters), RocketMQ's `MessageDecoder.createMessageId`.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, field
+
+from broker.errors import BrokerCode, BrokerError
+
+MESSAGE_MAGIC_CODE = -626843481  # 0xDAA320A7 as a Java int (MessageVersion V1)
+BLANK_MAGIC_CODE = -875286124  # 0xCBD43194: end-of-file filler in a local commit log
+QUEUE_ID_POSITION = 12
+QUEUE_OFFSET_POSITION = 20
+PHY_POS_POSITION = 28
+STORE_TIMESTAMP_POSITION = 56
+BODY_LENGTH_POSITION = 84
+FIXED_OVERHEAD = 91
+MAX_PROPERTIES_LENGTH = 32767
+
+# TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG BORNTS BORNHOST(ip,port)
+# STORETS STOREHOST(ip,port) RECONSUMETIMES PREPARED_TX_OFFSET BODYLEN
+HEAD = struct.Struct(">iiiiiqqiq4sIq4sIiqi")
+assert HEAD.size == BODY_LENGTH_POSITION + 4
+INT = struct.Struct(">i")
+LONG = struct.Struct(">q")
+
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+PROPERTY_IDEMPOTENCY_KEY = "IDEMPOTENCY_KEY"
+KEY_SEPARATOR = " "
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+
+
+def body_crc(body: bytes | memoryview) -> int:
+    """RocketMQ's body CRC: crc32 masked to a non-negative Java int."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def tags_hash_code(tags: str | None) -> int:
+    """Java `String.hashCode()` of the tags (what RocketMQ stores in a consume-queue unit); 0 for none."""
+    if not tags:
+        return 0
+    h = 0
+    units = tags.encode("utf-16-be")  # Java hashes UTF-16 code units
+    for (unit,) in struct.iter_unpack(">H", units):
+        h = (31 * h + unit) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def pack_host(addr: str) -> tuple[bytes, int]:
+    """'a.b.c.d:port' -> (4 IPv4 bytes, port). Unresolvable host names pack as 0.0.0.0."""
+    host, _, port = addr.rpartition(":")
+    try:
+        ip = socket.inet_aton(host or "0.0.0.0")
+    except OSError:
+        ip = b"\0\0\0\0"
+    return ip, int(port) if port.isdigit() else 0
+
+
+def unpack_host(ip: bytes, port: int) -> str:
+    return f"{socket.inet_ntoa(ip)}:{port}"
+
+
+def create_message_id(store_host: str, phys_offset: int) -> str:
+    """Offset message id: store host (IPv4 4 + port 4) + physical offset 8, upper-case hex."""
+    ip, port = pack_host(store_host)
+    return (ip + struct.pack(">Iq", port, phys_offset)).hex().upper()
+
+
+def decode_message_id(msg_id: str) -> tuple[str, int]:
+    """(store host 'ip:port', physical offset) of an offset message id; BrokerError on bad input."""
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError:
+        raw = b""
+    if len(raw) != 16:
+        raise BrokerError(BrokerCode.INVALID_REQUEST, f"bad msgId {msg_id!r}: expected 32 hex characters",
+                          field="msgId")
+    port, offset = struct.unpack_from(">Iq", raw, 4)
+    return unpack_host(raw[:4], port), offset
+
+
+def new_uniq_key() -> str:
+    """A client-side unique key (RocketMQ's UNIQ_KEY is 32 upper-case hex characters too)."""
+    return uuid.uuid4().hex.upper()
+
+
+def properties_to_bytes(props: dict[str, str]) -> bytes:
+    """Encode properties as `key\\x01value\\x02` pairs; separators inside keys/values are refused."""
+    parts = []
+    for k, v in props.items():
+        if (NAME_VALUE_SEPARATOR in k or PROPERTY_SEPARATOR in k or NAME_VALUE_SEPARATOR in v
+                or PROPERTY_SEPARATOR in v):
+            raise BrokerError(BrokerCode.MESSAGE_ILLEGAL,
+                              f"property {k!r} contains a reserved separator (\\x01 or \\x02)",
+                              field="properties")
+        parts.append(f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}")
+    return "".join(parts).encode()
+
+
+def bytes_to_properties(raw: bytes | memoryview) -> dict[str, str]:
+    props: dict[str, str] = {}
+    for item in bytes(raw).decode("utf-8", "replace").split(PROPERTY_SEPARATOR):
+        if item:
+            k, _, v = item.partition(NAME_VALUE_SEPARATOR)
+            props[k] = v
+    return props
+
+
+@dataclass(slots=True)
+class Message:
+    """What a producer sends: topic, body, optional tags/keys/properties, flag, and an optional
+    idempotency key (a repeat within `idempotencyWindowMs` returns the first put's result)."""
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: list[str] = field(default_factory=list)
+    properties: dict[str, str] = field(default_factory=dict)
+    flag: int = 0
+    idempotency_key: str | None = None
+    born_timestamp: int = 0
+    born_host: str = "0.0.0.0:0"
+
+    def all_properties(self) -> dict[str, str]:
+        """User properties plus TAGS, KEYS, UNIQ_KEY (generated when absent) and IDEMPOTENCY_KEY."""
+        props = dict(self.properties)
+        if self.tags:
+            props[PROPERTY_TAGS] = self.tags
+        if self.keys:
+            props[PROPERTY_KEYS] = KEY_SEPARATOR.join(self.keys)
+        if self.idempotency_key:
+            props[PROPERTY_IDEMPOTENCY_KEY] = self.idempotency_key
+        props.setdefault(PROPERTY_UNIQ_KEY, new_uniq_key())
+        return props
+
+
+@dataclass(slots=True)
+class MessageExt:
+    """A stored message as read back from the commit log."""
+
+    topic: str
+    body: bytes
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    store_size: int
+    born_timestamp: int
+    born_host: str
+    store_timestamp: int
+    store_host: str
+    properties: dict[str, str]
+    flag: int = 0
+    sys_flag: int = 0
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+    body_crc: int = 0
+
+    @property
+    def msg_id(self) -> str:
+        return create_message_id(self.store_host, self.commit_log_offset)
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        raw = self.properties.get(PROPERTY_KEYS, "")
+        return [k for k in raw.split(KEY_SEPARATOR) if k]
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(PROPERTY_UNIQ_KEY)
+
+    @property
+    def user_properties(self) -> dict[str, str]:
+        """Properties without the system keys the broker sets (TAGS, KEYS, UNIQ_KEY, IDEMPOTENCY_KEY)."""
+        return {k: v for k, v in self.properties.items()
+                if k not in (PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_IDEMPOTENCY_KEY)}
+
+
+def encode_message(msg: Message, *, queue_id: int, queue_offset: int, phys_offset: int,
+                   store_host: str, store_timestamp: int | None = None,
+                   props: dict[str, str] | None = None, reconsume_times: int = 0,
+                   max_message_size: int = 4 * 1024 * 1024) -> bytearray:
+    """Encode `msg` in the v1 layout. QUEUEOFFSET/PHYSICALOFFSET may be patched later
+    (`QUEUE_OFFSET_POSITION`, `PHY_POS_POSITION`). Raises BrokerError for oversize or bad fields."""
+    topic_b = msg.topic.encode()
+    if not 0 < len(topic_b) <= 127:
+        raise BrokerError(BrokerCode.INVALID_TOPIC, f"topic must be 1-127 bytes, got {len(topic_b)}")
+    if len(msg.body) > max_message_size:
+        raise BrokerError(BrokerCode.MESSAGE_TOO_LARGE,
+                          f"body is {len(msg.body)} bytes, maxMessageSize is {max_message_size}",
+                          maxMessageSize=max_message_size)
+    props_b = properties_to_bytes(props if props is not None else msg.all_properties())
+    if len(props_b) > MAX_PROPERTIES_LENGTH:
+        raise BrokerError(BrokerCode.MESSAGE_ILLEGAL,
+                          f"properties are {len(props_b)} bytes, limit {MAX_PROPERTIES_LENGTH}",
+                          field="properties")
+    body = msg.body
+    total = FIXED_OVERHEAD + len(body) + len(topic_b) + len(props_b)
+    buf = bytearray(total)
+    born_ip, born_port = pack_host(msg.born_host)
+    store_ip, store_port = pack_host(store_host)
+    now = int(time.time() * 1000)
+    HEAD.pack_into(buf, 0, total, MESSAGE_MAGIC_CODE, body_crc(body), queue_id, msg.flag, queue_offset,
+                   phys_offset, 0, msg.born_timestamp or now, born_ip, born_port,
+                   store_timestamp if store_timestamp is not None else now, store_ip, store_port,
+                   reconsume_times, 0, len(body))
+    pos = BODY_LENGTH_POSITION + 4
+    buf[pos:pos + len(body)] = body
+    pos += len(body)
+    buf[pos] = len(topic_b)
+    buf[pos + 1:pos + 1 + len(topic_b)] = topic_b
+    pos += 1 + len(topic_b)
+    struct.pack_into(">h", buf, pos, len(props_b))
+    buf[pos + 2:pos + 2 + len(props_b)] = props_b
+    return buf
+
+
+def read_total_size(data: bytes | bytearray | memoryview, offset: int = 0) -> int:
+    return INT.unpack_from(data, offset)[0]
+
+
+def _corrupt(detail: str, phys: int | None) -> BrokerError:
+    where = f" at commit-log offset {phys}" if phys is not None else ""
+    return BrokerError(BrokerCode.MESSAGE_CORRUPTED, detail + where, commitLogOffset=phys)
+
+
+def check_layout(data: bytes | bytearray | memoryview, phys: int | None = None) -> tuple[int, int, int, int]:
+    """Validate sizes/magic of the message at `data[0:]` without copying the body.
+
+    Returns (total size, body length, topic start, properties start). Raises MESSAGE_CORRUPTED."""
+    n = len(data)
+    if n < FIXED_OVERHEAD:
+        raise _corrupt(f"message truncated: {n} bytes < {FIXED_OVERHEAD}", phys)
+    total, magic = struct.unpack_from(">ii", data, 0)
+    if magic != MESSAGE_MAGIC_CODE:
+        raise _corrupt(f"bad magic code {magic & 0xFFFFFFFF:#010x}", phys)
+    if total < FIXED_OVERHEAD or total > n:
+        raise _corrupt(f"bad total size {total} (have {n} bytes)", phys)
+    body_len = INT.unpack_from(data, BODY_LENGTH_POSITION)[0]
+    topic_at = BODY_LENGTH_POSITION + 4 + body_len
+    if body_len < 0 or topic_at + 3 > total:
+        raise _corrupt(f"bad body length {body_len} for total size {total}", phys)
+    topic_len = data[topic_at]
+    props_at = topic_at + 1 + topic_len
+    if props_at + 2 > total:
+        raise _corrupt(f"bad topic length {topic_len}", phys)
+    props_len = struct.unpack_from(">h", data, props_at)[0]
+    if props_len < 0 or props_at + 2 + props_len != total:
+        raise _corrupt(f"bad properties length {props_len}: fields do not add up to {total}", phys)
+    return total, body_len, topic_at, props_at
+
+
+def decode_message(data: bytes | bytearray | memoryview, phys: int | None = None,
+                   check_crc: bool = True) -> MessageExt:
+    """Decode the message at `data[0:]`; the body CRC is checked. Raises BrokerError(MESSAGE_CORRUPTED)."""
+    total, _, topic_at, props_at = check_layout(data, phys)
+    (_, _, crc, queue_id, flag, queue_offset, phys_offset, sys_flag, born_ts, born_ip, born_port,
+     store_ts, store_ip, store_port, reconsume, prepared, _) = HEAD.unpack_from(data, 0)
+    body = bytes(data[BODY_LENGTH_POSITION + 4:topic_at])
+    if check_crc and body_crc(body) != crc:
+        raise _corrupt(f"body CRC mismatch (stored {crc}, computed {body_crc(body)})", phys)
+    topic_len = data[topic_at]
+    try:
+        topic = bytes(data[topic_at + 1:topic_at + 1 + topic_len]).decode()
+    except UnicodeDecodeError as exc:
+        raise _corrupt("topic is not UTF-8", phys) from exc
+    props = bytes_to_properties(data[props_at + 2:total])
+    return MessageExt(topic=topic, body=body, queue_id=queue_id, queue_offset=queue_offset,
+                      commit_log_offset=phys_offset, store_size=total, born_timestamp=born_ts,
+                      born_host=unpack_host(born_ip, born_port), store_timestamp=store_ts,
+                      store_host=unpack_host(store_ip, store_port), properties=props, flag=flag,
+                      sys_flag=sys_flag, reconsume_times=reconsume, prepared_transaction_offset=prepared,
+                      body_crc=crc)
+
+
+@dataclass(slots=True)
+class DispatchInfo:
+    """The fields the reput dispatcher needs, read without copying the body."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    phys_offset: int
+    size: int
+    store_timestamp: int
+    store_host: str
+    tags_code: int
+    properties: dict[str, str]
+
+
+def decode_dispatch_info(data: bytes | bytearray | memoryview, phys: int | None = None) -> DispatchInfo:
+    """Header, topic and properties of the message at `data[0:]` (sizes validated, CRC not checked)."""
+    total, _, topic_at, props_at = check_layout(data, phys)
+    (_, _, _, queue_id, _, queue_offset, phys_offset, _, _, _, _, store_ts, store_ip, store_port,
+     _, _, _) = HEAD.unpack_from(data, 0)
+    topic = bytes(data[topic_at + 1:topic_at + 1 + data[topic_at]]).decode("utf-8", "replace")
+    props = bytes_to_properties(data[props_at + 2:total])
+    return DispatchInfo(topic=topic, queue_id=queue_id, queue_offset=queue_offset, phys_offset=phys_offset,
+                        size=total, store_timestamp=store_ts, store_host=unpack_host(store_ip, store_port),
+                        tags_code=tags_hash_code(props.get(PROPERTY_TAGS)), properties=props)
+
+
+def read_topic_and_queue(data: bytes | bytearray | memoryview) -> tuple[str, int]:
+    """(topic, queue id) of the message at `data[0:]` — the append hook's fast path."""
+    body_len = INT.unpack_from(data, BODY_LENGTH_POSITION)[0]
+    topic_at = BODY_LENGTH_POSITION + 4 + body_len
+    topic = bytes(data[topic_at + 1:topic_at + 1 + data[topic_at]]).decode("utf-8", "replace")
+    return topic, INT.unpack_from(data, QUEUE_ID_POSITION)[0]

@@ -1,0 +1,193 @@
+"""Topic configuration (queue numbers, permission) and topic-name validation.
+
+A topic name is RocketMQ's: 1-127 characters of `[%|a-zA-Z0-9_-]`. The character set has no `/`
+and no `.`, so a topic name can never name a path outside `{storePathRootDir}/consumequeue/`.
+Reserved names (RocketMQ's system topics and our `RMQ_SYS_` record topics) are refused for users.
+
+Topic configs are replicated: `TopicConfigManager` writes each change as a record into the commit
+log (system topic `RMQ_SYS_TOPIC_CONFIG`, via the writer the message store installs) and applies
+records as the reput dispatcher feeds them, on every member — so slaves and a new master after a
+failover know exactly the topics the old master had.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from broker.errors import BrokerCode, BrokerError
+
+log = logging.getLogger(__name__)
+
+TOPIC_NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
+MAX_TOPIC_LENGTH = 127
+MAX_QUEUE_NUMS = 1024
+
+PERM_PRIORITY = 8
+PERM_READ = 4
+PERM_WRITE = 2
+PERM_INHERIT = 1
+DEFAULT_PERM = PERM_READ | PERM_WRITE
+
+SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
+SYS_TOPIC_CONFIG = "RMQ_SYS_TOPIC_CONFIG"
+SYS_CONSUMER_OFFSETS = "RMQ_SYS_CONSUMER_OFFSETS"
+SYS_BROKER_MEMBERS = "RMQ_SYS_BROKER_MEMBERS"
+RESERVED_TOPICS = frozenset({
+    "TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",
+    "TRANS_CHECK_MAX_TIME_TOPIC", "rmq_sys_REVIVE_LOG", "DefaultHeartBeatSyncerTopic",
+})
+
+
+def is_system_topic(name: str) -> bool:
+    """Topics the broker itself writes (never created, produced to or deleted by users)."""
+    return name.upper().startswith(SYSTEM_TOPIC_PREFIX) or name in RESERVED_TOPICS
+
+
+def validate_topic(name: Any, *, allow_system: bool = False) -> str:
+    """Return `name` if it is a legal topic name; BrokerError(INVALID_TOPIC) saying why otherwise."""
+    if not isinstance(name, str) or not name:
+        raise BrokerError(BrokerCode.INVALID_TOPIC, "topic name is empty", topic=name)
+    if len(name) > MAX_TOPIC_LENGTH:
+        raise BrokerError(BrokerCode.INVALID_TOPIC,
+                          f"topic name is {len(name)} characters, at most {MAX_TOPIC_LENGTH}", topic=name)
+    if not TOPIC_NAME_RE.match(name):
+        bad = next(c for c in name if not re.match(r"[%|a-zA-Z0-9_-]", c))
+        raise BrokerError(BrokerCode.INVALID_TOPIC,
+                          f"topic name contains {bad!r}; allowed: letters, digits, % | _ -", topic=name)
+    if not allow_system and is_system_topic(name):
+        raise BrokerError(BrokerCode.INVALID_TOPIC, f"topic name {name!r} is reserved", topic=name)
+    return name
+
+
+@dataclass(slots=True)
+class TopicConfig:
+    """One topic: read/write queue numbers and permission bits (RocketMQ's PermName)."""
+
+    topic_name: str
+    read_queue_nums: int = 8
+    write_queue_nums: int = 8
+    perm: int = DEFAULT_PERM
+
+    @property
+    def queue_nums(self) -> int:
+        """Queues that exist on disk (RocketMQ serves reads on readQueueNums, writes on writeQueueNums)."""
+        return max(self.read_queue_nums, self.write_queue_nums)
+
+    def is_readable(self) -> bool:
+        return bool(self.perm & PERM_READ)
+
+    def is_writeable(self) -> bool:
+        return bool(self.perm & PERM_WRITE)
+
+    def to_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def validate_queue_nums(read_queue_nums: Any, write_queue_nums: Any, perm: Any) -> None:
+    """BrokerError(INVALID_REQUEST) naming the bad field."""
+    for name, value in (("readQueueNums", read_queue_nums), ("writeQueueNums", write_queue_nums)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_QUEUE_NUMS:
+            raise BrokerError(BrokerCode.INVALID_REQUEST,
+                              f"{name} must be an integer in 1..{MAX_QUEUE_NUMS}, got {value!r}", field=name)
+    if not isinstance(perm, int) or isinstance(perm, bool) or not 0 <= perm <= 15:
+        raise BrokerError(BrokerCode.INVALID_REQUEST, f"perm must be an integer in 0..15, got {perm!r}",
+                          field="perm")
+
+
+RecordWriter = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+class TopicConfigManager:
+    """The topic table. Callers: the HTTP admin routes (`create_or_update`, `delete`), the produce
+    path (`get`, `auto_create`), the reput dispatcher (`apply_record`, `ensure_from_data`)."""
+
+    def __init__(self, default_queue_nums: int = 8, auto_create: bool = True) -> None:
+        self.default_queue_nums = default_queue_nums
+        self.auto_create_enable = auto_create
+        self._topics: dict[str, TopicConfig] = {}
+        self._writer: RecordWriter | None = None
+        self.on_delete: Callable[[str], None] | None = None  # the store drops the topic's queues
+
+    def set_writer(self, writer: RecordWriter) -> None:
+        """Installed by the message store: appends a record to the commit log and waits for commit."""
+        self._writer = writer
+
+    def get(self, topic: str) -> TopicConfig | None:
+        return self._topics.get(topic)
+
+    def __contains__(self, topic: str) -> bool:
+        return topic in self._topics
+
+    def names(self, include_system: bool = False) -> list[str]:
+        return sorted(t for t in self._topics if include_system or not is_system_topic(t))
+
+    def all(self) -> dict[str, TopicConfig]:
+        return dict(self._topics)
+
+    async def create_or_update(self, topic: str, read_queue_nums: int | None = None,
+                               write_queue_nums: int | None = None, perm: int = DEFAULT_PERM) -> TopicConfig:
+        """Validate, write the change to the log (master only) and return the applied config."""
+        validate_topic(topic)
+        rq = self.default_queue_nums if read_queue_nums is None else read_queue_nums
+        wq = rq if write_queue_nums is None else write_queue_nums
+        validate_queue_nums(rq, wq, perm)
+        cfg = TopicConfig(topic, rq, wq, perm)
+        await self._write(cfg.to_record())
+        self._topics[topic] = cfg  # also applied by the dispatcher; setting it now avoids a race
+        return cfg
+
+    async def auto_create(self, topic: str) -> TopicConfig:
+        """Create `topic` with defaultTopicQueueNums if autoCreateTopicEnable, else TOPIC_NOT_EXIST."""
+        existing = self._topics.get(topic)
+        if existing is not None:
+            return existing
+        validate_topic(topic)
+        if not self.auto_create_enable:
+            raise BrokerError(BrokerCode.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist "
+                              "(autoCreateTopicEnable=false)", topic=topic)
+        return await self.create_or_update(topic)
+
+    async def delete(self, topic: str) -> None:
+        validate_topic(topic)
+        if topic not in self._topics:
+            raise BrokerError(BrokerCode.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist", topic=topic)
+        await self._write({"topic_name": topic, "deleted": True})
+        self._apply_delete(topic)
+
+    async def _write(self, record: dict[str, Any]) -> None:
+        if self._writer is None:
+            raise BrokerError(BrokerCode.SERVICE_UNAVAILABLE, "topic store is not started")
+        await self._writer(SYS_TOPIC_CONFIG, record)
+
+    def apply_record(self, record: dict[str, Any]) -> None:
+        """Apply a replicated topic record (dispatcher, on every member, in log order)."""
+        topic = record.get("topic_name")
+        if not isinstance(topic, str):
+            log.error("event=bad_topic_record record=%r", record)
+            return
+        if record.get("deleted"):
+            self._apply_delete(topic)
+            return
+        self._topics[topic] = TopicConfig(topic, int(record["read_queue_nums"]),
+                                          int(record["write_queue_nums"]), int(record["perm"]))
+
+    def _apply_delete(self, topic: str) -> None:
+        if self._topics.pop(topic, None) is not None:
+            log.info("event=topic_deleted topic=%s", topic)
+            if self.on_delete is not None:
+                self.on_delete(topic)
+
+    def ensure_from_data(self, topic: str, queue_id: int) -> None:
+        """A message of a topic we have no record for (system topics, or data older than the
+        records): register it so its queues are served."""
+        cfg = self._topics.get(topic)
+        if cfg is None:
+            nums = max(queue_id + 1, 1 if is_system_topic(topic) else self.default_queue_nums)
+            self._topics[topic] = TopicConfig(topic, nums, nums, DEFAULT_PERM)
+        elif queue_id >= cfg.queue_nums:
+            cfg.read_queue_nums = max(cfg.read_queue_nums, queue_id + 1)
+            cfg.write_queue_nums = max(cfg.write_queue_nums, queue_id + 1)
