@@ -105,7 +105,10 @@ def parse_offsets_json(text: str, option: str) -> Offsets:
         if not isinstance(queues, dict):
             raise OffsetSpecError(f"{option}: value for topic {topic!r} must be an object of queue offsets")
         for key, value in queues.items():
-            parse_queue_key(key)
+            try:
+                parse_queue_key(key)
+            except OffsetSpecError as exc:
+                raise OffsetSpecError(f"{option}: {exc}") from exc
             if isinstance(value, bool) or not isinstance(value, int) or value < EARLIEST:
                 raise OffsetSpecError(
                     f"{option}: offset for {topic}/{key} must be an integer >= 0, or -2 (earliest) "
