@@ -1,0 +1,226 @@
+"""Recovery of a `DLedgerMmapFileStore` on start (DLedger's `DLedgerMmapFileStore.recover`).
+
+1. Load both file lists (names contiguous, sizes right; a short last file is extended).
+2. Pick the scan start: the third-last data file, or earlier if the checkpointed committed entry
+   lives earlier; walk back while a file's first entry does not check out.
+3. Scan forward record by record, skipping blank records. Each entry must have a valid magic,
+   size = 48 + body length, the pos it sits at, index = previous + 1, term >= previous term, a
+   matching body CRC, and an index record equal to (magic, pos, size, index, term). A zero header
+   ends the data; any failure ends it too and everything from there on is a torn or corrupt tail.
+   An index record that is wrong for an entry at or below the checkpointed committed index is
+   rewritten from the (CRC-valid) entry instead, because committed entries are never cut.
+4. If the tail to cut starts at or below the checkpointed committed index, refuse to start with
+   DISK_ERROR naming the file, position, index and reason; nothing is changed on disk.
+5. Otherwise cut data and index at the stop (stale bytes after it are zeroed) and set begin/end
+   index, end term, committed index and position.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import TYPE_CHECKING
+
+from dledger.codes import DLedgerException, DLedgerResponseCode
+from dledger.entry import (
+    BLANK,
+    BLANK_MAGIC_CODE,
+    BODY_OFFSET,
+    HEADER,
+    INDEX_RECORD,
+    INDEX_UNIT_SIZE,
+    MIN_BLANK_LEN,
+    VALID_MAGICS,
+)
+from dledger.store.checkpoint import read_checkpoint
+from dledger.store.file_list import MmapFile, MmapFileList
+
+if TYPE_CHECKING:
+    from dledger.store.mmap_store import DLedgerMmapFileStore
+
+log = logging.getLogger(__name__)
+
+_STALE_SCAN_BYTES = 64 * 1024 * 1024  # zero stale bytes after the cut until this many zero bytes in a row
+
+
+class _Corrupt(Exception):
+    """The record at the scan position is not a valid entry; the message says why."""
+
+
+def _check_entry(mf: MmapFile, off: int) -> tuple[int, int, int, int]:
+    """(magic, size, index, term) of the entry at local `off`, fully checked, else _Corrupt."""
+    pos = mf.file_from_offset + off
+    if off + BODY_OFFSET > mf.file_size:
+        raise _Corrupt(f"header at pos {pos} runs past the file end")
+    magic, size, index, term, epos, _, _, crc, blen = HEADER.unpack_from(mf.mm, off)
+    if magic not in VALID_MAGICS:
+        raise _Corrupt(f"bad magic {magic}")
+    if blen < 0 or size != BODY_OFFSET + blen:
+        raise _Corrupt(f"size {size} != {BODY_OFFSET} + body length {blen}")
+    if off + size + MIN_BLANK_LEN > mf.file_size:
+        raise _Corrupt(f"entry of {size} bytes runs past the file end")
+    if epos != pos:
+        raise _Corrupt(f"entry says pos {epos} but sits at {pos}")
+    if index < 0 or term < 0:
+        raise _Corrupt(f"negative index {index} or term {term}")
+    actual = zlib.crc32(mf.mv[off + BODY_OFFSET:off + size])
+    if actual - ((actual & 0x80000000) << 1) != crc:
+        raise _Corrupt(f"body CRC mismatch (index {index})")
+    return magic, size, index, term
+
+
+def _read_index_record(il: MmapFileList, index: int) -> tuple[int, int, int, int, int] | None:
+    ipos = index * INDEX_UNIT_SIZE
+    imf = il.find_file(ipos)
+    if imf is None:
+        return None
+    return INDEX_RECORD.unpack_from(imf.mm, ipos - imf.file_from_offset)
+
+
+def _write_index_record(il: MmapFileList, index: int, record: tuple[int, int, int, int, int]) -> bool:
+    ipos = index * INDEX_UNIT_SIZE
+    if not il.files:
+        il.rebuild_with_pos(ipos, use_blank=False)
+    imf = il.find_file(ipos)
+    if imf is not None:
+        INDEX_RECORD.pack_into(imf.mm, ipos - imf.file_from_offset, *record)
+        return True
+    if ipos == il.files[-1].end_offset:
+        il.append_spanning(INDEX_RECORD.pack(*record))
+        return True
+    return False
+
+
+def _first_entry_offset(mf: MmapFile) -> int:
+    """Local offset of the file's first entry (after a head blank left by a rebuild)."""
+    magic, length = BLANK.unpack_from(mf.mm, 0)
+    if magic == BLANK_MAGIC_CODE and MIN_BLANK_LEN <= length < mf.file_size:
+        return length
+    return 0
+
+
+def _first_entry_ok(store: DLedgerMmapFileStore, mf: MmapFile) -> bool:
+    off = _first_entry_offset(mf)
+    try:
+        magic, size, index, term = _check_entry(mf, off)
+    except _Corrupt:
+        return False
+    return _read_index_record(store.index_file_list, index) == (magic, mf.file_from_offset + off, size,
+                                                                 index, term)
+
+
+def _start_file(store: DLedgerMmapFileStore, committed: int) -> int | None:
+    files = store.data_file_list.files
+    start = max(0, len(files) - 3)
+    if committed >= 0:
+        rec = _read_index_record(store.index_file_list, committed)
+        mf = store.data_file_list.find_file(rec[1]) if rec and rec[3] == committed else None
+        if mf is not None:
+            start = min(start, files.index(mf))
+    for i in range(start, -1, -1):
+        if _first_entry_ok(store, files[i]):
+            return i
+        log.warning("event=recovery_bad_first_entry file=%s", files[i].path)
+    return None
+
+
+def recover(store: DLedgerMmapFileStore) -> None:
+    """Rebuild `store`'s state from its files (see the module docstring)."""
+    dl, il = store.data_file_list, store.index_file_list
+    checkpoint = read_checkpoint(store.checkpoint_path)
+    committed = checkpoint.committed_index
+    dl.load()
+    il.load()
+    if not dl.files:
+        if committed >= 0:
+            raise DLedgerException(DLedgerResponseCode.DISK_ERROR,
+                                   f"no data files in {dl.store_path} but {store.checkpoint_path} records "
+                                   f"committedIndex={committed}; refusing to start")
+        il.truncate_offset(-1)
+        return
+    start = _start_file(store, committed)
+    pos = dl.files[start].file_from_offset if start is not None else dl.files[0].file_from_offset
+    last_index, last_term, reason = -1, -1, ""
+    repaired = 0
+    while start is not None:
+        mf = dl.find_file(pos)
+        if mf is None:
+            break
+        off = pos - mf.file_from_offset
+        if off + MIN_BLANK_LEN > mf.file_size:
+            reason = f"{mf.file_size - off} bytes left at the file end, below MIN_BLANK_LEN"
+            break
+        magic, length = BLANK.unpack_from(mf.mm, off)
+        if magic == 0 and length == 0:
+            break  # end of the written data
+        if magic == BLANK_MAGIC_CODE:
+            tail_blank = off + length == mf.file_size
+            head_blank = off == 0 and length < mf.file_size  # left by rebuild_with_pos
+            if length >= MIN_BLANK_LEN and (tail_blank or head_blank):
+                pos += length
+                continue
+            reason = f"bad blank record length {length}"
+            break
+        try:
+            magic, size, index, term = _check_entry(mf, off)
+        except _Corrupt as e:
+            reason = str(e)
+            break
+        if last_index >= 0 and index != last_index + 1:
+            reason = f"index {index} does not follow {last_index}"
+            break
+        if term < last_term:
+            reason = f"term {term} of index {index} < previous term {last_term}"
+            break
+        record = (magic, pos, size, index, term)
+        found = _read_index_record(il, index)
+        if found != record:
+            if index <= committed and _write_index_record(il, index, record):
+                repaired += 1
+                log.warning("event=index_record_rewritten index=%d found=%s", index, found)
+            else:
+                reason = f"index record of index {index} is {found}, entry says {record}"
+                break
+        last_index, last_term = index, term
+        pos += size
+    if reason or start is None:
+        mf = dl.find_file(pos)
+        where = f"{mf.path if mf else dl.store_path} offset {pos - mf.file_from_offset if mf else 0}"
+        reason = reason or "no data file starts with a valid entry"
+        if committed > last_index:
+            raise DLedgerException(DLedgerResponseCode.DISK_ERROR,
+                                   f"recovery stopped at {where} (pos {pos}, after index {last_index}): "
+                                   f"{reason}; "
+                                   f"cutting there would lose entries up to the checkpointed committedIndex "
+                                   f"{committed} ({store.checkpoint_path}). Refusing to start: restore the "
+                                   f"files or remove the member's store to resync it from the leader")
+        log.warning("event=torn_tail_cut file=%s pos=%d lastGoodIndex=%d committed=%d reason=%s",
+                    where, pos, last_index, committed, reason)
+    elif committed > last_index:
+        raise DLedgerException(DLedgerResponseCode.DISK_ERROR,
+                               f"log in {dl.store_path} ends at index {last_index} (pos {pos}) but "
+                               f"{store.checkpoint_path} records committedIndex={committed}; "
+                               "refusing to start")
+    dl.truncate_offset(pos, stop_after_zeros=_STALE_SCAN_BYTES)
+    if last_index >= 0:
+        il.truncate_offset((last_index + 1) * INDEX_UNIT_SIZE, stop_after_zeros=_STALE_SCAN_BYTES)
+    else:
+        il.truncate_offset(-1)
+    # Whatever survived a process crash sits in the page cache: put it on disk before trusting it.
+    dl.fsync_files([(mf, mf.wrote_pos) for mf in dl.files[start or 0:]])
+    il.fsync_files([(mf, mf.wrote_pos) for mf in il.files[-3:]])
+    for mf in dl.files + il.files:
+        mf.flushed_pos = mf.wrote_pos
+    store.ledger_end_index = last_index
+    store.ledger_end_term = last_term
+    store.revise_ledger_begin_index()
+    store._flushed_index = last_index
+    if repaired:
+        log.warning("event=index_records_repaired count=%d", repaired)
+    if committed >= 0 and store.ledger_begin_index <= committed <= last_index:
+        store.committed_index = committed
+        p, s = store.get_entry_pos_and_size(committed)
+        store.committed_pos = p + s
+    if checkpoint.end_index > last_index:
+        log.warning("event=recovered_below_checkpoint_end checkpointEnd=%d end=%d", checkpoint.end_index,
+                    last_index)

@@ -1,0 +1,602 @@
+"""`DLedgerMmapFileStore`: DLedger's file store — data files, index files, checkpoint.
+
+Layout under `{storeBaseDir}/dledger-{selfId}/`: `data/` (entries, `mappedFileSizeForEntryData`
+per file), `index/` (32-byte records at `index * 32`), `checkpoint` (`endIndex`, `committedIndex`).
+
+Writes go into the mapped files on the event loop; fsync runs in a worker thread, one at a time, and
+every `wait_flushed` caller whose index the fsync covers is released by it (group commit). Recovery
+(`dledger.store.mmap_recovery`) runs on `start()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import os
+import shutil
+import time
+import zlib
+from collections.abc import Callable, Sequence
+
+from dledger.codes import DLedgerException, DLedgerResponseCode
+from dledger.config import DLedgerConfig
+from dledger.entry import (
+    BLANK,
+    BLANK_MAGIC_CODE,
+    BODY_OFFSET,
+    HEADER,
+    INDEX_RECORD,
+    INDEX_UNIT_SIZE,
+    MAX_BODY_SIZE,
+    DLedgerEntry,
+    body_crc32,
+)
+from dledger.store.base import DLedgerStore
+from dledger.store.checkpoint import CHECKPOINT_FILE, Checkpoint, write_checkpoint
+from dledger.store.file_list import MmapFileList
+
+log = logging.getLogger(__name__)
+
+_E = DLedgerResponseCode
+_CRC_FIX = 0x80000000  # crc - ((crc & _CRC_FIX) << 1) turns zlib's unsigned CRC into a Java int
+_CLEAN_INTERVAL_S = 0.1  # DLedger's CleanSpaceService period
+
+
+def _signed(crc: int) -> int:
+    return crc - ((crc & _CRC_FIX) << 1)
+
+
+class DLedgerMmapFileStore(DLedgerStore):
+    """The mmap-backed DLedger log. See `DLedgerStore` for the contract of each method.
+
+    `disk_used_ratio` (optional) replaces the disk-usage probe (`shutil.disk_usage` of the store
+    dir) so tests can present a full disk; the decisions taken on the ratio are the real ones.
+    """
+
+    def __init__(self, config: DLedgerConfig, *, disk_used_ratio: Callable[[], float] | None = None) -> None:
+        self.config = config
+        self.append_hooks = []
+        self.data_file_list = MmapFileList(config.data_store_path(), config.mapped_file_size_for_entry_data)
+        self.index_file_list = MmapFileList(config.index_store_path(),
+                                            config.mapped_file_size_for_entry_index)
+        if config.mapped_file_size_for_entry_index % INDEX_UNIT_SIZE:
+            raise ValueError("mapped_file_size_for_entry_index must be a multiple of 32")
+        self.checkpoint_path = os.path.join(config.default_path(), CHECKPOINT_FILE)
+        self.disk_used_ratio: Callable[[], float] = disk_used_ratio or self._store_disk_used_ratio
+        self.ledger_begin_index = -1
+        self.ledger_end_index = -1
+        self.ledger_end_term = -1
+        self.committed_index = -1
+        self.committed_pos = -1
+        self._data_begin_pos = -1
+        self._committed_term = -1
+        self._flushed_index = -1
+        self._truncate_epoch = 0
+        self._disk_full = False
+        self._recovered = False
+        self._closed = False
+        self._last_checkpoint: Checkpoint | None = None
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiter_seq = itertools.count()
+        self._flush_wakeup: asyncio.Event | None = None
+        self._flush_lock: asyncio.Lock | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ctx = f"group={config.group} selfId={config.self_id}"
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Load the files and rebuild the ledger state (blocking; `start` runs it in a thread)."""
+        if self._recovered:
+            return
+        from dledger.store.mmap_recovery import recover  # recovery is its own module (size)
+
+        os.makedirs(self.config.default_path(), exist_ok=True)
+        recover(self)
+        self._recovered = True
+        log.info("event=store_recovered %s begin=%d end=%d endTerm=%d committed=%d dataEnd=%d", self._ctx,
+                 self.ledger_begin_index, self.ledger_end_index, self.ledger_end_term,
+                 self.committed_index, self.data_file_list.max_wrote_position)
+
+    async def start(self) -> None:
+        """Recover, then start the flush/checkpoint and clean-space services."""
+        if not self._recovered:
+            await asyncio.to_thread(self.recover)
+        self._flush_wakeup = asyncio.Event()
+        self._flush_lock = asyncio.Lock()
+        self.check_disk_space()
+        sid = self.config.self_id
+        self._tasks = [asyncio.create_task(self._flush_service(), name=f"dledger-flush-{sid}"),
+                       asyncio.create_task(self._clean_space_service(), name=f"dledger-clean-{sid}")]
+
+    async def shutdown(self) -> None:
+        """Stop the services, flush everything, write the checkpoint, unmap the files."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        if self._recovered:
+            if self._flush_lock is not None:
+                await self._flush_round()
+                await asyncio.to_thread(self._write_checkpoint_now)
+            else:
+                self.flush()
+                self._write_checkpoint_now()
+        self._fail_waiters(DLedgerException(_E.INTERNAL_ERROR, "store shut down before the flush"))
+        self.data_file_list.close()
+        self.index_file_list.close()
+        log.info("event=store_shutdown %s end=%d committed=%d", self._ctx, self.ledger_end_index,
+                 self.committed_index)
+
+    def close_without_flush(self) -> None:
+        """Drop the maps without flushing or checkpointing (what a crash leaves; for tests)."""
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        self.data_file_list.close()
+        self.index_file_list.close()
+
+    # ---- appending ------------------------------------------------------------------------------
+
+    def _check_append(self, body_len: int) -> None:
+        if self._disk_full:
+            raise DLedgerException(_E.DISK_FULL, f"disk used ratio above {self.config.disk_full_ratio:.2f}; "
+                                   f"store {self.config.default_path()} refuses appends")
+        if body_len > MAX_BODY_SIZE:
+            raise DLedgerException(_E.UNEXPECTED_ARGUMENT, f"body of {body_len} bytes > {MAX_BODY_SIZE}")
+
+    def append_as_leader(self, entry: DLedgerEntry, term: int) -> DLedgerEntry:
+        """Append `entry` as index end + 1 in `term`; hooks may stamp its body before it counts."""
+        body = entry.body
+        blen = len(body)
+        self._check_append(blen)
+        size = BODY_OFFSET + blen
+        index = self.ledger_end_index + 1
+        mf, off = self.data_file_list.reserve(size)
+        pos = mf.file_from_offset + off
+        entry.index = index
+        entry.term = term
+        entry.pos = pos
+        entry.size = size
+        if self.append_hooks:
+            self._write_with_hooks(mf, off, entry)
+        else:
+            crc = zlib.crc32(body)
+            crc -= (crc & _CRC_FIX) << 1
+            entry.body_crc = crc
+            HEADER.pack_into(mf.mm, off, entry.magic, size, index, term, pos, entry.channel, entry.chain_crc,
+                             crc, blen)
+            mf.mm[off + BODY_OFFSET:off + size] = body
+        self._append_index_records(INDEX_RECORD.pack(entry.magic, pos, size, index, term), index, pos)
+        self.ledger_end_index = index
+        self.ledger_end_term = term
+        if self.ledger_begin_index == -1:
+            self.ledger_begin_index = index
+            self._data_begin_pos = pos
+        return entry
+
+    def _write_with_hooks(self, mf, off: int, entry: DLedgerEntry) -> None:
+        """Encode into the map, let the hooks stamp the view, then CRC what they left."""
+        size = entry.size
+        mm = mf.mm
+        try:
+            HEADER.pack_into(mm, off, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
+                             entry.chain_crc, 0, size - BODY_OFFSET)
+            mm[off + BODY_OFFSET:off + size] = entry.body
+            view = mf.mv[off:off + size]
+            try:
+                for hook in self.append_hooks:
+                    hook(entry, view, BODY_OFFSET)
+                crc = _signed(zlib.crc32(view[BODY_OFFSET:]))
+            finally:
+                view.release()
+            # Re-write the header whole: hooks own the body, never the header.
+            HEADER.pack_into(mm, off, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
+                             entry.chain_crc, crc, size - BODY_OFFSET)
+            entry.body_crc = crc
+            entry.body = mm[off + BODY_OFFSET:off + size]
+        except BaseException:
+            self.data_file_list.truncate_offset(mf.file_from_offset + off)
+            raise
+
+    def _append_index_records(self, records: bytes | bytearray, first_index: int, first_pos: int) -> None:
+        ipos = first_index * INDEX_UNIT_SIZE
+        il = self.index_file_list
+        if len(records) == INDEX_UNIT_SIZE:
+            imf, ioff = il.reserve(INDEX_UNIT_SIZE, use_blank=False)
+            landed = imf.file_from_offset + ioff
+            if landed == ipos:
+                imf.mm[ioff:ioff + INDEX_UNIT_SIZE] = records
+                return
+            imf.wrote_pos = ioff
+        else:
+            landed = il.next_append_pos(INDEX_UNIT_SIZE, use_blank=False) if il.files else 0
+            if landed == ipos:
+                il.append_spanning(records)
+                return
+        self.data_file_list.truncate_offset(first_pos)
+        raise DLedgerException(_E.DISK_ERROR, f"index record of entry {first_index} would land at {landed}, "
+                               f"expected {ipos}")
+
+    def batch_append_as_leader(self, entries: Sequence[DLedgerEntry], term: int) -> list[DLedgerEntry]:
+        """Append `entries` in order as one unit (all or none are appended)."""
+        n = len(entries)
+        if n == 0:
+            return []
+        self._check_append(max(len(e.body) for e in entries))
+        hooks = self.append_hooks
+        reserve = self.data_file_list.reserve
+        pack_header = HEADER.pack_into
+        pack_index = INDEX_RECORD.pack_into
+        crc32 = zlib.crc32
+        records = bytearray(n * INDEX_UNIT_SIZE)
+        first_index = index = self.ledger_end_index + 1
+        first_pos = -1
+        roff = 0
+        try:
+            for entry in entries:
+                body = entry.body
+                blen = len(body)
+                size = BODY_OFFSET + blen
+                mf, off = reserve(size)
+                pos = mf.file_from_offset + off
+                if first_pos < 0:
+                    first_pos = pos
+                entry.index = index
+                entry.term = term
+                entry.pos = pos
+                entry.size = size
+                if hooks:
+                    self._write_with_hooks(mf, off, entry)
+                else:
+                    crc = crc32(body)
+                    crc -= (crc & _CRC_FIX) << 1
+                    entry.body_crc = crc
+                    mm = mf.mm
+                    pack_header(mm, off, entry.magic, size, index, term, pos, entry.channel, entry.chain_crc,
+                                crc, blen)
+                    mm[off + BODY_OFFSET:off + size] = body
+                pack_index(records, roff, entry.magic, pos, size, index, term)
+                roff += INDEX_UNIT_SIZE
+                index += 1
+        except BaseException:
+            if first_pos >= 0:
+                self.data_file_list.truncate_offset(first_pos)
+            raise
+        self._append_index_records(records, first_index, first_pos)
+        self.ledger_end_index = index - 1
+        self.ledger_end_term = term
+        if self.ledger_begin_index == -1:
+            self.ledger_begin_index = first_index
+            self._data_begin_pos = first_pos
+        return list(entries)
+
+    def append_as_follower(self, entry: DLedgerEntry, leader_term: int, leader_id: str) -> DLedgerEntry:
+        """Append the leader's entry at its index and pos (INCONSISTENT_INDEX / DISK_ERROR otherwise)."""
+        self._check_append(len(entry.body))
+        if entry.index != self.ledger_end_index + 1:
+            raise DLedgerException(_E.INCONSISTENT_INDEX, f"entry index {entry.index} from leader "
+                                   f"{leader_id} (term {leader_term}) != local end index "
+                                   f"{self.ledger_end_index} + 1")
+        if entry.term < self.ledger_end_term:
+            raise DLedgerException(_E.INCONSISTENT_TERM, f"entry {entry.index} term {entry.term} < local end "
+                                   f"term {self.ledger_end_term} (leader {leader_id}, term {leader_term})")
+        self._write_follower_entry(entry, leader_id)
+        return entry
+
+    def _write_follower_entry(self, entry: DLedgerEntry, leader_id: str) -> None:
+        body = entry.body
+        size = BODY_OFFSET + len(body)
+        expected = self.data_file_list.next_append_pos(size)
+        if expected != entry.pos:
+            raise DLedgerException(_E.DISK_ERROR, f"entry {entry.index} from leader {leader_id} is at pos "
+                                   f"{entry.pos} but would land at local pos {expected}")
+        crc = body_crc32(body)
+        if entry.body_crc and entry.body_crc != crc:
+            raise DLedgerException(_E.DISK_ERROR, f"entry {entry.index} from leader {leader_id}: body CRC "
+                                   f"{entry.body_crc} != computed {crc}")
+        mf, off = self.data_file_list.reserve(size)
+        entry.size = size
+        entry.body_crc = crc
+        HEADER.pack_into(mf.mm, off, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
+                         entry.chain_crc, crc, len(body))
+        mf.mm[off + BODY_OFFSET:off + size] = body
+        self._append_index_records(INDEX_RECORD.pack(entry.magic, entry.pos, size, entry.index, entry.term),
+                                   entry.index, entry.pos)
+        self.ledger_end_index = entry.index
+        self.ledger_end_term = entry.term
+        if self.ledger_begin_index == -1:
+            self.ledger_begin_index = entry.index
+            self._data_begin_pos = entry.pos
+
+    # ---- reading --------------------------------------------------------------------------------
+
+    def get_entry_pos_and_size(self, index: int) -> tuple[int, int]:
+        """(pos, size) of entry `index` from its index record."""
+        if not self.ledger_begin_index <= index <= self.ledger_end_index or index < 0:
+            raise DLedgerException(_E.INDEX_OUT_OF_RANGE, f"index {index} outside "
+                                   f"[{self.ledger_begin_index}, {self.ledger_end_index}]")
+        ipos = index * INDEX_UNIT_SIZE
+        imf = self.index_file_list.find_file(ipos)
+        if imf is None:
+            raise DLedgerException(_E.DISK_ERROR, f"no index file holds the record of index {index}")
+        _, pos, size, rec_index, _ = INDEX_RECORD.unpack_from(imf.mm, ipos - imf.file_from_offset)
+        if rec_index != index:
+            raise DLedgerException(_E.DISK_ERROR,
+                                   f"index record at {ipos} names index {rec_index}, not {index}")
+        return pos, size
+
+    def get(self, index: int) -> DLedgerEntry:
+        """Entry `index`, checked against its index record and its body CRC."""
+        pos, size = self.get_entry_pos_and_size(index)
+        dl = self.data_file_list
+        mf = dl.find_file(pos)
+        off = pos - mf.file_from_offset if mf is not None else 0
+        if mf is None or off + size > mf.wrote_pos:
+            raise DLedgerException(_E.DISK_ERROR,
+                                   f"entry {index} at pos {pos} size {size} is not in the data files")
+        mm = mf.mm
+        magic, esize, eindex, term, epos, channel, chain_crc, crc, blen = HEADER.unpack_from(mm, off)
+        if esize != size or eindex != index or epos != pos or blen + BODY_OFFSET != esize:
+            raise DLedgerException(_E.DISK_ERROR, f"entry at pos {pos} (index {eindex}, pos {epos}, "
+                                   f"size {esize}) does not match index record (index {index}, size {size})")
+        body = mm[off + BODY_OFFSET:off + esize]
+        actual = zlib.crc32(body)
+        if actual - ((actual & _CRC_FIX) << 1) != crc:
+            raise DLedgerException(_E.DISK_ERROR, f"body CRC mismatch at index {index} pos {pos}")
+        return DLedgerEntry(body, magic, eindex, term, epos, channel, chain_crc, crc, esize)
+
+    def get_data(self, pos: int, size: int) -> memoryview:
+        """Zero-copy view of written data-file bytes (never across a file end)."""
+        return self.data_file_list.get_data(pos, size)
+
+    @property
+    def data_begin_pos(self) -> int:
+        """Position of the first entry still stored (-1 when empty)."""
+        return self._data_begin_pos
+
+    # ---- truncation and commit ------------------------------------------------------------------
+
+    def truncate(self, entry: DLedgerEntry, leader_term: int, leader_id: str) -> int:
+        """Make the leader's `entry` our last entry (DLedger's truncate). Refuses (INCONSISTENT_STATE)
+        to cut a committed entry."""
+        existed = False
+        if self.ledger_begin_index <= entry.index <= self.ledger_end_index and entry.index >= 0:
+            try:
+                ours = self.get(entry.index)
+                existed = (ours.pos == entry.pos and ours.term == entry.term and ours.magic == entry.magic
+                           and ours.body == entry.body)
+            except DLedgerException:
+                existed = False
+        cut_index = entry.index + 1 if existed else entry.index
+        if cut_index <= self.committed_index and cut_index <= self.ledger_end_index:
+            raise DLedgerException(_E.INCONSISTENT_STATE, f"truncate at index {cut_index} from leader "
+                                   f"{leader_id} (term {leader_term}) would cut committed index "
+                                   f"{self.committed_index}")
+        truncate_pos = entry.pos + BODY_OFFSET + len(entry.body) if existed else entry.pos
+        dl, il = self.data_file_list, self.index_file_list
+        end = self.ledger_end_index
+        if end >= 0 and self.ledger_begin_index <= cut_index <= end:
+            # Our entry at cut_index must start where the leader's does, or the logs disagree earlier.
+            in_place = self.get_entry_pos_and_size(cut_index)[0] == truncate_pos
+        elif cut_index == end + 1:
+            in_place = existed or truncate_pos == dl.next_append_pos(BODY_OFFSET + len(entry.body))
+        else:
+            in_place = False
+        self._truncate_epoch += 1
+        if in_place:
+            if dl.files and truncate_pos < dl.max_wrote_position:
+                dl.truncate_offset(truncate_pos)
+            if il.files and cut_index * INDEX_UNIT_SIZE < il.max_wrote_position:
+                il.truncate_offset(cut_index * INDEX_UNIT_SIZE)
+            self.ledger_end_index = cut_index - 1
+            if self.ledger_end_index < max(self.ledger_begin_index, 0):
+                self.ledger_begin_index = self.ledger_end_index = self.ledger_end_term = -1
+                self._data_begin_pos = -1
+            else:
+                self.ledger_end_term = self._term_of(self.ledger_end_index)
+        else:
+            log.warning("event=store_rebuild %s index=%d pos=%d leader=%s term=%d", self._ctx, entry.index,
+                        entry.pos, leader_id, leader_term)
+            dl.rebuild_with_pos(entry.pos)
+            il.rebuild_with_pos(entry.index * INDEX_UNIT_SIZE, use_blank=False)
+            self.ledger_begin_index = self.ledger_end_term = -1
+            self.ledger_end_index = entry.index - 1
+            self._data_begin_pos = -1
+            existed = False
+        if not existed:
+            self._write_follower_entry(entry, leader_id)
+        self._flushed_index = min(self._flushed_index, cut_index - 1)
+        self._fail_waiters(DLedgerException(_E.INCONSISTENT_STATE, f"entry cut by truncate at {cut_index}"),
+                           above=self.ledger_end_index if existed else entry.index - 1)
+        log.info("event=store_truncated %s index=%d existed=%s end=%d leader=%s term=%d", self._ctx,
+                 entry.index, existed, self.ledger_end_index, leader_id, leader_term)
+        return self.ledger_end_index
+
+    def _term_of(self, index: int) -> int:
+        ipos = index * INDEX_UNIT_SIZE
+        imf = self.index_file_list.find_file(ipos)
+        return INDEX_RECORD.unpack_from(imf.mm, ipos - imf.file_from_offset)[4] if imf else -1
+
+    def update_committed_index(self, term: int, committed_index: int) -> None:
+        """DLedger's rules: ignore an older term, -1, a backwards move or one below begin; clamp to end."""
+        if term < self._committed_term:
+            return
+        self._committed_term = term
+        if committed_index == -1 or self.ledger_end_index == -1 or committed_index == self.committed_index:
+            return
+        if committed_index < self.committed_index or committed_index < self.ledger_begin_index:
+            log.warning("event=committed_index_ignored %s term=%d new=%d committed=%d begin=%d", self._ctx,
+                        term, committed_index, self.committed_index, self.ledger_begin_index)
+            return
+        committed_index = min(committed_index, self.ledger_end_index)
+        pos, size = self.get_entry_pos_and_size(committed_index)
+        self.committed_index = committed_index
+        self.committed_pos = pos + size
+
+    # ---- flushing -------------------------------------------------------------------------------
+
+    @property
+    def flushed_index(self) -> int:
+        return self._flushed_index
+
+    def flush(self) -> None:
+        """fdatasync dirty data and index files now (blocking)."""
+        target, epoch = self.ledger_end_index, self._truncate_epoch
+        targets = self.data_file_list.dirty_files() + self.index_file_list.dirty_files()
+        MmapFileList.fsync_files(targets)
+        MmapFileList.mark_flushed(targets)
+        self._advance_flushed(target, epoch)
+
+    def _advance_flushed(self, target: int, epoch: int) -> None:
+        # A truncate during the fsync may have rewritten entries <= target that it did not cover.
+        if epoch == self._truncate_epoch and target > self._flushed_index:
+            self._flushed_index = target
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= self._flushed_index:
+            fut = heapq.heappop(waiters)[2]
+            if not fut.done():
+                fut.set_result(None)
+
+    async def _flush_round(self) -> None:
+        """One fsync of everything written so far, in a worker thread; one round at a time."""
+        assert self._flush_lock is not None
+        async with self._flush_lock:
+            target, epoch = self.ledger_end_index, self._truncate_epoch
+            targets = self.data_file_list.dirty_files() + self.index_file_list.dirty_files()
+            if targets:
+                try:
+                    await asyncio.to_thread(MmapFileList.fsync_files, targets)
+                except OSError as e:
+                    log.error("event=flush_failed %s error=%r", self._ctx, e)
+                    self._fail_waiters(DLedgerException(_E.DISK_ERROR, f"fsync failed: {e}"))
+                    return
+                MmapFileList.mark_flushed(targets)
+            self._advance_flushed(target, epoch)
+
+    async def wait_flushed(self, index: int) -> None:
+        """Return once entries up to `index` are fsynced (group commit with concurrent callers)."""
+        if index <= self._flushed_index:
+            return
+        if self._flush_wakeup is None:  # not started: flush inline
+            self.flush()
+            if index > self._flushed_index:
+                raise DLedgerException(_E.INDEX_OUT_OF_RANGE, f"index {index} > end {self.ledger_end_index}")
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (index, next(self._waiter_seq), fut))
+        self._flush_wakeup.set()
+        await fut
+
+    def _fail_waiters(self, exc: DLedgerException, above: int = -2) -> None:
+        keep = []
+        for item in self._waiters:
+            if item[0] > above:
+                if not item[2].done():
+                    item[2].set_exception(exc)
+            else:
+                keep.append(item)
+        heapq.heapify(keep)
+        self._waiters = keep
+
+    async def _flush_service(self) -> None:
+        """FlushDataService: flush every flush_file_interval_ms or when a waiter asks; checkpoint
+        every check_point_interval_ms."""
+        assert self._flush_wakeup is not None
+        interval_s = self.config.flush_file_interval_ms / 1000
+        checkpoint_s = self.config.check_point_interval_ms / 1000
+        last_checkpoint = time.monotonic()
+        wakeup = self._flush_wakeup
+        while True:
+            if not self._waiters:
+                try:
+                    await asyncio.wait_for(wakeup.wait(), interval_s)
+                except TimeoutError:
+                    pass
+            wakeup.clear()
+            try:
+                await self._flush_round()
+                if time.monotonic() - last_checkpoint >= checkpoint_s:
+                    last_checkpoint = time.monotonic()
+                    await asyncio.to_thread(self._write_checkpoint_now)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("event=flush_service_error %s", self._ctx)
+                await asyncio.sleep(interval_s)
+
+    def _write_checkpoint_now(self) -> None:
+        # committedIndex is never recorded above what is on disk, so recovery may rely on it.
+        cp = Checkpoint(self.ledger_end_index, min(self.committed_index, self._flushed_index))
+        if cp != self._last_checkpoint:
+            write_checkpoint(self.checkpoint_path, cp)
+            self._last_checkpoint = cp
+
+    # ---- disk space -----------------------------------------------------------------------------
+
+    @property
+    def is_disk_full(self) -> bool:
+        return self._disk_full
+
+    def _store_disk_used_ratio(self) -> float:
+        usage = shutil.disk_usage(self.config.default_path())
+        return usage.used / usage.total if usage.total else 1.0
+
+    def check_disk_space(self, now: float | None = None) -> int:
+        """CleanSpaceService's step: set `is_disk_full`, delete expired (or, above the force-clean
+        ratio, the oldest committed) data files. Returns the number of data files deleted."""
+        cfg = self.config
+        ratio = self.disk_used_ratio()
+        full = ratio > cfg.disk_full_ratio
+        if full != self._disk_full:
+            log.warning("event=disk_full_changed %s full=%s usedRatio=%.3f diskFullRatio=%.3f", self._ctx,
+                        full, ratio, cfg.disk_full_ratio)
+            self._disk_full = full
+        now = time.time() if now is None else now
+        hours = {h.strip() for h in cfg.delete_when.split(";") if h.strip()}
+        time_up = time.strftime("%H", time.localtime(now)) in hours
+        force = cfg.enable_disk_force_clean and ratio > cfg.disk_space_ratio_to_force_clean
+        if not (time_up or force or ratio > cfg.disk_space_ratio_to_check_expired):
+            return 0
+        if self.committed_pos < 0:
+            return 0
+        count = self.data_file_list.delete_expired_files(
+            cfg.file_reserved_hours * 3600 * 1000, int(now * 1000), force=force,
+            max_end_offset=self.committed_pos)
+        if count:
+            self.revise_ledger_begin_index()
+            log.info("event=expired_files_deleted %s count=%d usedRatio=%.3f force=%s begin=%d", self._ctx,
+                     count, ratio, force, self.ledger_begin_index)
+        return count
+
+    def revise_ledger_begin_index(self) -> None:
+        """Begin index/pos from the first data file's first entry; drop index files below it."""
+        dl = self.data_file_list
+        if self.ledger_end_index < 0 or not dl.files or dl.files[0].wrote_pos == 0:
+            self.ledger_begin_index = -1 if self.ledger_end_index < 0 else self.ledger_end_index + 1
+            self._data_begin_pos = -1
+            return
+        mf = dl.files[0]
+        off = 0
+        magic, length = BLANK.unpack_from(mf.mm, 0)
+        if magic == BLANK_MAGIC_CODE:
+            off = length
+        self.ledger_begin_index = HEADER.unpack_from(mf.mm, off)[2]
+        self._data_begin_pos = mf.file_from_offset + off
+        self.index_file_list.delete_files_before(self.ledger_begin_index * INDEX_UNIT_SIZE)
+
+    async def _clean_space_service(self) -> None:
+        while True:
+            await asyncio.sleep(_CLEAN_INTERVAL_S)
+            try:
+                self.check_disk_space()
+            except Exception:
+                log.exception("event=clean_space_error %s", self._ctx)
