@@ -69,9 +69,11 @@ class History:
     Used from one event loop (the test's); every method is synchronous and cheap.
     """
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, first_op_id: int = 0) -> None:
+        # Histories written by other processes (a consumer worker) start their op ids elsewhere
+        # so merged histories keep op ids unique.
         self.events: list[Event] = []
-        self._ids = itertools.count()
+        self._ids = itertools.count(first_op_id)
         self._open: dict[int, Event] = {}
         self._file = open(path, "w", encoding="utf-8") if path else None  # closed in close()
         self.path = Path(path) if path else None

@@ -1,0 +1,87 @@
+"""Test-only launcher: run a LedgerMQ entry point (`broker`, `namesrv`, `dledger`) with fault-suite
+instrumentation switched on, without any test code in the production modules.
+
+    python -m tests.fault.launch [--fsync-record FILE] [--unsafe-ack] -- broker -c broker.conf
+
+--fsync-record FILE
+    The power-loss shim. After every successful fsync of an `MmapFileList` (the DLedger data and
+    index files, and any broker file list built on it), `MmapFileList.mark_flushed` runs; we wrap
+    it to record `{file path: flushed position}` in FILE (written atomically with os.replace,
+    before `mark_flushed` returns, so before any SYNC_FLUSH ack that depends on that fsync). The
+    harness reads FILE after SIGKILL and zeroes each file beyond what was fsynced: a power loss.
+--unsafe-ack
+    Sets `DLedgerConfig.unsafe_ack_before_quorum = True` on every config the process builds: the
+    debug switch that acks before quorum/fsync, used by the self-test that proves the checkers
+    can fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+from typing import Any
+
+
+def install_fsync_recorder(record_path: str) -> None:
+    """Wrap `MmapFileList.mark_flushed` to persist per-file flushed positions in `record_path`."""
+    from dledger.store import file_list
+
+    original = file_list.MmapFileList.mark_flushed
+    flushed: dict[str, int] = {}
+    tmp = record_path + ".tmp"
+
+    def mark_flushed(targets: list[tuple[Any, int]]) -> None:
+        original(targets)
+        changed = False
+        for mf, _ in targets:
+            if flushed.get(mf.path) != mf.flushed_pos:
+                flushed[mf.path] = mf.flushed_pos
+                changed = True
+        if changed:
+            # Page cache survives SIGKILL, so no fsync of the record itself is needed.
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(flushed, fh)
+            os.replace(tmp, record_path)
+
+    file_list.MmapFileList.mark_flushed = staticmethod(mark_flushed)  # type: ignore[method-assign]
+
+
+def install_unsafe_ack() -> None:
+    """Force `unsafe_ack_before_quorum` on every DLedgerConfig built in this process."""
+    from dledger import config as dconfig
+
+    original_init = dconfig.DLedgerConfig.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self.unsafe_ack_before_quorum = True
+
+    dconfig.DLedgerConfig.__init__ = __init__  # type: ignore[method-assign]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Apply the requested instrumentation, then run `module` as `__main__` with the rest of argv."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        print("usage: python -m tests.fault.launch [options] -- MODULE [ARGS...]", file=sys.stderr)
+        return 2
+    split = argv.index("--")
+    p = argparse.ArgumentParser(prog="tests.fault.launch")
+    p.add_argument("--fsync-record")
+    p.add_argument("--unsafe-ack", action="store_true")
+    opts = p.parse_args(argv[:split])
+    module, *rest = argv[split + 1:]
+    if opts.fsync_record:
+        install_fsync_recorder(opts.fsync_record)
+    if opts.unsafe_ack:
+        install_unsafe_ack()
+    sys.argv = [module, *rest]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
