@@ -1,0 +1,239 @@
+"""Wire codec of the hot routes: produce bodies (JSON or raw) in, messages out, with orjson.
+
+Validation is by hand (not pydantic) because these routes carry the throughput; every rejection
+is a BrokerError naming the field (`messages[3].body`), never a 500. The pydantic models in
+`schemas.py` describe the same shapes for the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from typing import Any
+
+import orjson
+from starlette.requests import ClientDisconnect, Request
+
+from broker.errors import BrokerCode, BrokerError
+from broker.http.problems import invalid
+from broker.message import Message, MessageExt
+
+MAX_BATCH_MESSAGES = 10_000
+MAX_TAGS_LENGTH = 255
+MAX_KEY_LENGTH = 255
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+RESERVED_PROPERTIES = frozenset({"TAGS", "KEYS", "UNIQ_KEY", "IDEMPOTENCY_KEY"})
+
+
+async def read_body(request: Request, limit_bytes: int) -> bytes:
+    """Read the request body, refusing (413) anything over `limit_bytes` before it is in memory:
+    a declared Content-Length is checked first, a chunked body is cut as soon as it passes."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise invalid("Content-Length", f"not a number: {declared!r}")
+        if int(declared) > limit_bytes:
+            raise BrokerError(
+                BrokerCode.MESSAGE_TOO_LARGE,
+                f"request body is {declared} bytes, limit {limit_bytes}",
+                limit=limit_bytes,
+            )
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit_bytes:
+                raise BrokerError(
+                    BrokerCode.MESSAGE_TOO_LARGE,
+                    f"request body exceeds limit {limit_bytes} bytes",
+                    limit=limit_bytes,
+                )
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise invalid("body", "client disconnected while sending the body") from None
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _opt_str(doc: dict[str, Any], key: str, where: str, max_len: int) -> str | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise invalid(f"{where}.{key}", f"expected a string, got {type(value).__name__}")
+    if len(value) > max_len:
+        raise invalid(f"{where}.{key}", f"at most {max_len} characters")
+    if "\x01" in value or "\x02" in value:
+        raise invalid(f"{where}.{key}", "contains a reserved control character (\\x01 or \\x02)")
+    return value
+
+
+def _keys(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):  # a single key is accepted as a string
+        value = [value]
+    if not isinstance(value, list):
+        raise invalid(where, "expected a list of strings")
+    for i, k in enumerate(value):
+        if (
+            not isinstance(k, str)
+            or not k
+            or len(k) > MAX_KEY_LENGTH
+            or " " in k
+            or "\x01" in k
+            or "\x02" in k
+        ):
+            raise invalid(
+                f"{where}[{i}]", f"a key is a non-empty string without spaces, at most {MAX_KEY_LENGTH}"
+            )
+    return value
+
+
+def _properties(value: Any, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid(where, "expected an object of string values")
+    for k, v in value.items():
+        if not isinstance(v, str):
+            raise invalid(f"{where}.{k}", f"expected a string value, got {type(v).__name__}")
+        if (
+            not k
+            or k in RESERVED_PROPERTIES
+            or any(c in k for c in "\x01\x02")
+            or any(c in v for c in "\x01\x02")
+        ):
+            raise invalid(f"{where}.{k}", "reserved or illegal property name/value")
+    return value
+
+
+def _queue_id(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 65536:
+        raise invalid(where, f"expected an integer in 0..65535, got {value!r}")
+    return value
+
+
+def parse_produce_json(
+    raw: bytes, topic: str, max_message_size: int, born_host: str
+) -> tuple[list[Message], list[int | None]]:
+    """`{"messages": [...]}` (or one message object) → (messages, queueId of each)."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise invalid("body", f"not valid JSON: {exc}") from None
+    if isinstance(doc, dict) and "messages" not in doc and "body" in doc:
+        doc = {"messages": [doc]}
+    if not isinstance(doc, dict) or not isinstance(doc.get("messages"), list):
+        raise invalid("messages", 'expected {"messages": [{"body": ...}, ...]}')
+    items = doc["messages"]
+    if not items:
+        raise invalid("messages", "at least one message is required")
+    if len(items) > MAX_BATCH_MESSAGES:
+        raise invalid("messages", f"at most {MAX_BATCH_MESSAGES} messages per request")
+    now = int(time.time() * 1000)
+    msgs: list[Message] = []
+    queues: list[int | None] = []
+    for i, item in enumerate(items):
+        where = f"messages[{i}]"
+        if not isinstance(item, dict):
+            raise invalid(where, "expected an object")
+        body = item.get("body")
+        if not isinstance(body, str):
+            raise invalid(f"{where}.body", "required string (text, or base64 with bodyEncoding=base64)")
+        encoding = item.get("bodyEncoding") or "utf-8"
+        if encoding == "utf-8":
+            data = body.encode("utf-8")
+        elif encoding == "base64":
+            try:
+                data = base64.b64decode(body, validate=True)
+            except (binascii.Error, ValueError):
+                raise invalid(f"{where}.body", "not valid base64") from None
+        else:
+            raise invalid(f"{where}.bodyEncoding", f"expected 'utf-8' or 'base64', got {encoding!r}")
+        if len(data) > max_message_size:
+            raise BrokerError(
+                BrokerCode.MESSAGE_TOO_LARGE,
+                f"{where}.body is {len(data)} bytes, maxMessageSize is {max_message_size}",
+                field=f"{where}.body",
+                limit=max_message_size,
+            )
+        msgs.append(
+            Message(
+                topic=topic,
+                body=data,
+                tags=_opt_str(item, "tags", where, MAX_TAGS_LENGTH),
+                keys=_keys(item.get("keys"), f"{where}.keys"),
+                properties=_properties(item.get("properties"), f"{where}.properties"),
+                idempotency_key=_opt_str(item, "idempotencyKey", where, MAX_IDEMPOTENCY_KEY_LENGTH),
+                born_timestamp=now,
+                born_host=born_host,
+            )
+        )
+        queues.append(_queue_id(item.get("queueId"), f"{where}.queueId"))
+    return msgs, queues
+
+
+def parse_produce_raw(
+    data: bytes, params: Any, topic: str, max_message_size: int, born_host: str
+) -> tuple[Message, int | None]:
+    """An `application/octet-stream` body with tags/keys/queueId/idempotencyKey as query parameters."""
+    if len(data) > max_message_size:
+        raise BrokerError(
+            BrokerCode.MESSAGE_TOO_LARGE,
+            f"body is {len(data)} bytes, maxMessageSize is {max_message_size}",
+            field="body",
+            limit=max_message_size,
+        )
+    q = dict(params)
+    keys = [k for k in (q.get("keys") or "").split(",") if k]
+    qid_raw = q.get("queueId")
+    queue_id = None
+    if qid_raw not in (None, ""):
+        if not qid_raw.isdigit():
+            raise invalid("queueId", f"expected an integer, got {qid_raw!r}")
+        queue_id = _queue_id(int(qid_raw), "queueId")
+    msg = Message(
+        topic=topic,
+        body=data,
+        tags=_opt_str(q, "tags", "query", MAX_TAGS_LENGTH),
+        keys=_keys(keys, "keys"),
+        idempotency_key=_opt_str(q, "idempotencyKey", "query", MAX_IDEMPOTENCY_KEY_LENGTH),
+        born_timestamp=int(time.time() * 1000),
+        born_host=born_host,
+    )
+    return msg, queue_id
+
+
+def message_json(m: MessageExt, force_base64: bool = False) -> dict[str, Any]:
+    """A stored message as the API shows it: text body when valid UTF-8, base64 otherwise."""
+    body = m.body
+    if force_base64:
+        text, enc = base64.b64encode(body).decode("ascii"), "base64"
+    else:
+        try:
+            text, enc = body.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            text, enc = base64.b64encode(body).decode("ascii"), "base64"
+    return {
+        "msgId": m.msg_id,
+        "topic": m.topic,
+        "queueId": m.queue_id,
+        "queueOffset": m.queue_offset,
+        "commitLogOffset": m.commit_log_offset,
+        "body": text,
+        "bodyEncoding": enc,
+        "tags": m.tags,
+        "keys": m.keys,
+        "properties": m.user_properties,
+        "bornTimestamp": m.born_timestamp,
+        "storeTimestamp": m.store_timestamp,
+        "reconsumeTimes": m.reconsume_times,
+    }
+
+
+def json_response_bytes(doc: Any) -> bytes:
+    return orjson.dumps(doc)

@@ -1,0 +1,114 @@
+"""`HttpContext`: what the routes need from a `BrokerController`, in one place.
+
+The routes never reach into the controller directly; they ask this object for the store, the
+role, the master's address and the limits, so the coupling to the controller is this file only."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from broker.errors import BrokerCode, BrokerError
+from broker.http.acl import AccessControl, Right
+from broker.http.metrics import BrokerMetrics
+
+log = logging.getLogger(__name__)
+
+# JSON overhead allowance on top of maxMessageSize for one request (base64 grows 4/3).
+_REQUEST_OVERHEAD_BYTES = 64 * 1024
+
+
+class HttpContext:
+    """Per-app state shared by the routes. Caller: `create_app`; affects nothing by itself."""
+
+    def __init__(self, controller: Any) -> None:
+        self.controller = controller
+        self.config = controller.config
+        self.metrics = BrokerMetrics(self.config.broker_name)
+        self.acl: AccessControl | None = None
+        if getattr(self.config, "acl_enable", False):
+            if not self.config.acl_config_file:
+                raise ValueError(f"{self.config.source}: aclEnable=true needs aclConfigFile")
+            self.acl = AccessControl.load(self.config.acl_config_file)
+        mms = self.config.max_message_size
+        # A batch may carry several messages; bound the request, not just one message.
+        self.request_limit_bytes = max(8 * 1024 * 1024, mms * 4 // 3 + _REQUEST_OVERHEAD_BYTES)
+        self.born_host = self.config.broker_addr
+        self.started_at = time.time()
+
+    @property
+    def store(self) -> Any:
+        return self.controller.store
+
+    @property
+    def dledger(self) -> Any | None:
+        """The DLedgerServer in DLedger mode, else None."""
+        server = getattr(self.controller, "dledger_server", None)
+        if server is None:
+            server = getattr(self.store, "dledger_server", None)
+        return server
+
+    # -- role ------------------------------------------------------------------------------------
+    def is_master(self) -> bool:
+        # The store's flag is flipped by the role-change handler once the new master has caught up
+        # (RocketMQ's changeToMaster), so it is the authority, not the raw DLedger role.
+        return bool(self.store.is_master)
+
+    def master_addr(self) -> str | None:
+        """HTTP address of the master of this broker set (ours when we are it), or None if unknown."""
+        if self.is_master():
+            return self.config.broker_addr
+        return self.store.master_addr or None
+
+    def term(self) -> int:
+        server = self.dledger
+        return int(server.member_state.curr_term) if server is not None else 0
+
+    def require_master(self) -> None:
+        """NOT_MASTER (421) naming the master, for every write on a slave."""
+        if not self.is_master():
+            addr = self.master_addr()
+            raise BrokerError(
+                BrokerCode.NOT_MASTER,
+                f"broker {self.config.broker_name} member {self.config.broker_addr} is not the "
+                f"master; send writes to {addr or 'the master (unknown right now; retry)'}",
+                masterAddr=addr,
+            )
+
+    def status(self) -> dict[str, Any]:
+        server = self.dledger
+        meta: dict[str, Any] | None = None
+        if server is not None:
+            meta = dict(server.metadata())
+            if "role" in meta:
+                meta["role"] = str(getattr(meta["role"], "name", meta["role"]))
+        return {
+            "clusterName": self.config.broker_cluster_name,
+            "brokerName": self.config.broker_name,
+            "brokerId": self.broker_id(),
+            "brokerAddr": self.config.broker_addr,
+            "role": "MASTER" if self.is_master() else "SLAVE",
+            "masterAddr": self.master_addr(),
+            "uptimeMs": int((time.time() - self.started_at) * 1000),
+            "dledger": meta,
+        }
+
+    def broker_id(self) -> int:
+        fn = getattr(self.controller, "broker_id", None)
+        if fn is not None:
+            return int(fn() if callable(fn) else fn)
+        return 0 if self.is_master() else int(self.config.broker_id or 1)
+
+    # -- access control --------------------------------------------------------------------------
+    def authorize(
+        self,
+        headers: Any,
+        *,
+        topic: str | None = None,
+        group: str | None = None,
+        right: Right = Right.NONE,
+        admin: bool = False,
+    ) -> None:
+        if self.acl is not None:
+            self.acl.check(headers.get("authorization"), topic=topic, group=group, right=right, admin=admin)

@@ -1,0 +1,137 @@
+"""Prometheus metrics of one broker (its own registry, so a container can host several).
+
+Counters and histograms are updated on the request path; gauges that describe state (consumer
+lag, DLedger role/term/commit index/peer watermarks, disk use, queue offsets) are computed at
+scrape time by `BrokerStateCollector`, so the hot path pays nothing for them."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+# `_created` series double every counter's output and nobody alerts on them.
+disable_created_metrics()
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0)
+
+
+class BrokerMetrics:
+    """The request-path instruments; label values are bounded by topics/groups that exist."""
+
+    def __init__(self, broker_name: str) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.put_messages = Counter(
+            "ledgermq_put_messages", "Messages stored (acknowledged produces)", ["topic"], registry=r
+        )
+        self.put_bytes = Counter("ledgermq_put_bytes", "Body bytes stored", ["topic"], registry=r)
+        self.put_latency = Histogram(
+            "ledgermq_put_latency_seconds",
+            "Produce request latency until commit",
+            ["topic"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.put_errors = Counter(
+            "ledgermq_put_errors", "Failed produce requests by code", ["topic", "code"], registry=r
+        )
+        self.get_messages = Counter(
+            "ledgermq_get_messages", "Messages returned by pull and receive", ["topic"], registry=r
+        )
+        self.get_latency = Histogram(
+            "ledgermq_get_latency_seconds",
+            "Pull request latency (includes long poll)",
+            ["topic"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.long_poll_waiters = Gauge(
+            "ledgermq_long_poll_waiters", "Requests held by long polling", registry=r
+        )
+        self.dlq_messages = Counter(
+            "ledgermq_send_to_dlq_messages", "Messages moved to %DLQ%{group}", ["group"], registry=r
+        )
+        self.acked = Counter(
+            "ledgermq_ack_messages", "Messages acknowledged by group consumers", ["group"], registry=r
+        )
+
+
+class BrokerStateCollector(Collector):
+    """Scrape-time gauges. `state` returns the pieces (role, dledger metadata, lag rows)."""
+
+    def __init__(self, broker_name: str, state: Callable[[], dict[str, Any]]) -> None:
+        self.broker_name = broker_name
+        self.state = state
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            s = self.state()
+        except Exception:  # a scrape must never take the broker down; log and report what we can
+            log.exception("event=metrics_state_failed broker=%s", self.broker_name)
+            return []
+        b = self.broker_name
+        out: list[Metric] = []
+        role = GaugeMetricFamily(
+            "ledgermq_broker_is_master", "1 if this broker is the master", labels=["broker"]
+        )
+        role.add_metric([b], 1.0 if s.get("role") == "MASTER" else 0.0)
+        out.append(role)
+        dl = s.get("dledger")
+        if dl:
+            labels = ["group", "self_id"]
+            key = [str(dl.get("group")), str(dl.get("selfId"))]
+            for name, field, doc in (
+                ("dledger_current_term", "term", "Current DLedger term"),
+                ("dledger_committed_index", "committedIndex", "Committed index"),
+                ("dledger_applied_index", "appliedIndex", "Applied index"),
+                ("dledger_ledger_end_index", "ledgerEndIndex", "Last index in the local log"),
+            ):
+                g = GaugeMetricFamily(name, doc, labels=labels)
+                g.add_metric(key, float(dl.get(field) or 0))
+                out.append(g)
+            state = GaugeMetricFamily(
+                "dledger_role", "1 for the member's current role", labels=[*labels, "role"]
+            )
+            for r in ("LEADER", "FOLLOWER", "CANDIDATE"):
+                state.add_metric([*key, r], 1.0 if str(dl.get("role", "")).upper().endswith(r) else 0.0)
+            out.append(state)
+            wm = GaugeMetricFamily(
+                "dledger_peer_water_mark",
+                "Highest index each peer acknowledged (leader view)",
+                labels=[*labels, "remote_id"],
+            )
+            for peer, idx in (dl.get("peerWaterMarks") or {}).items():
+                wm.add_metric([*key, str(peer)], float(idx))
+            out.append(wm)
+        lag = GaugeMetricFamily(
+            "ledgermq_consumer_lag", "Max offset minus committed offset", labels=["group", "topic", "queueid"]
+        )
+        for group, topic, qid, value in s.get("lag", ()):
+            lag.add_metric([group, topic, str(qid)], float(value))
+        out.append(lag)
+        maxo = GaugeMetricFamily(
+            "ledgermq_queue_max_offset", "Max offset of each queue", labels=["topic", "queueid"]
+        )
+        for topic, qid, value in s.get("queues", ()):
+            maxo.add_metric([topic, str(qid)], float(value))
+        out.append(maxo)
+        path = s.get("store_path")
+        if path:
+            try:
+                du = shutil.disk_usage(path)
+                disk = GaugeMetricFamily(
+                    "ledgermq_disk_used_ratio", "Used fraction of the store's disk", labels=["broker"]
+                )
+                disk.add_metric([b], du.used / du.total if du.total else 0.0)
+                out.append(disk)
+            except OSError:
+                pass
+        return out

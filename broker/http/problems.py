@@ -1,0 +1,116 @@
+"""RFC 9457 problem+json answers for the broker HTTP app.
+
+Every error the app returns goes through here: `BrokerError` (from the store or our validation),
+FastAPI/Starlette errors (404 route, 405, validation) and anything unexpected (500 with the
+exception logged, never leaked)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from broker.errors import BrokerCode, BrokerError
+from dledger.codes import DLedgerException, DLedgerResponseCode
+
+log = logging.getLogger(__name__)
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+
+
+def problem(code: BrokerCode | str, detail: str, **extra: Any) -> Response:
+    """A problem+json response for `code`."""
+    return error_response(BrokerError(code, detail, **extra))
+
+
+def error_response(exc: BrokerError, headers: dict[str, str] | None = None) -> Response:
+    body = exc.problem()
+    return Response(
+        orjson.dumps(body), status_code=body["status"], media_type=PROBLEM_CONTENT_TYPE, headers=headers
+    )
+
+
+def invalid(field: str, detail: str) -> BrokerError:
+    """BrokerError(INVALID_REQUEST) naming the offending field."""
+    return BrokerError(BrokerCode.INVALID_REQUEST, f"{field}: {detail}", field=field)
+
+
+# DLedger failures that can surface through the store on the produce path.
+_DLEDGER_MAP: dict[DLedgerResponseCode, BrokerCode] = {
+    DLedgerResponseCode.NOT_LEADER: BrokerCode.NOT_MASTER,
+    DLedgerResponseCode.LEADER_TRANSFERRING: BrokerCode.NOT_MASTER,
+    DLedgerResponseCode.LEADER_NOT_READY: BrokerCode.SERVICE_UNAVAILABLE,
+    DLedgerResponseCode.LEADER_PENDING_FULL: BrokerCode.SERVICE_UNAVAILABLE,
+    DLedgerResponseCode.DISK_FULL: BrokerCode.DISK_FULL,
+    DLedgerResponseCode.WAIT_QUORUM_ACK_TIMEOUT: BrokerCode.TIMEOUT,
+    DLedgerResponseCode.TERM_CHANGED: BrokerCode.TIMEOUT,
+    DLedgerResponseCode.TIMEOUT: BrokerCode.TIMEOUT,
+}
+
+
+def from_dledger(exc: DLedgerException) -> BrokerError:
+    code = _DLEDGER_MAP.get(exc.code, BrokerCode.SERVICE_UNAVAILABLE)
+    extra: dict[str, Any] = {}
+    if code == BrokerCode.TIMEOUT:
+        extra["outcome"] = "unknown"
+    return BrokerError(code, f"dledger {exc.code.name}: {exc.detail}", **extra)
+
+
+_HTTP_CODES = {
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    401: "UNAUTHORIZED",
+    403: "FORBIDDEN",
+    413: "MESSAGE_TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+}
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Map every exception type to problem+json."""
+
+    @app.exception_handler(BrokerError)
+    async def _broker_error(request: Request, exc: BrokerError) -> Response:
+        if exc.code == BrokerCode.TIMEOUT:
+            exc.extra.setdefault("outcome", "unknown")
+        return error_response(exc)
+
+    @app.exception_handler(DLedgerException)
+    async def _dledger_error(request: Request, exc: DLedgerException) -> Response:
+        return error_response(from_dledger(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        field = ".".join(loc) or "body"
+        return error_response(invalid(field, str(first.get("msg", "invalid"))))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        code = _HTTP_CODES.get(exc.status_code, "INVALID_REQUEST")
+        detail = f"no such resource: {request.url.path}" if exc.status_code == 404 else str(exc.detail)
+        body = {
+            "type": "about:blank",
+            "title": str(exc.detail),
+            "status": exc.status_code,
+            "code": code,
+            "detail": detail,
+        }
+        return Response(
+            orjson.dumps(body),
+            status_code=exc.status_code,
+            media_type=PROBLEM_CONTENT_TYPE,
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("event=http_unhandled method=%s path=%s", request.method, request.url.path)
+        return problem(BrokerCode.INTERNAL_ERROR, f"internal error ({type(exc).__name__}); see broker log")
