@@ -395,6 +395,8 @@ class MmapFileList:
             mf = self.files[0]
             if max_end_offset is not None and mf.end_offset > max_end_offset:
                 break
+            if self.files[1].wrote_pos == 0:
+                break  # keep a file that holds data, so the begin position stays known
             if not force and now_ms < int(mf.mtime() * 1000) + expired_ms:
                 break
             log.info("event=file_deleted reason=%s file=%s", "force" if force else "expired", mf.path)

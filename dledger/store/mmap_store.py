@@ -74,6 +74,7 @@ class DLedgerMmapFileStore(DLedgerStore):
         self._committed_term = -1
         self._flushed_index = -1
         self._truncate_epoch = 0
+        self.flush_rounds = 0  # fsync rounds done by the flush service (observability; group commit)
         self._disk_full = False
         self._recovered = False
         self._closed = False
@@ -384,11 +385,13 @@ class DLedgerMmapFileStore(DLedgerStore):
         truncate_pos = entry.pos + BODY_OFFSET + len(entry.body) if existed else entry.pos
         dl, il = self.data_file_list, self.index_file_list
         end = self.ledger_end_index
-        if end >= 0 and self.ledger_begin_index <= cut_index <= end:
+        if existed:
+            in_place = True  # our identical copy sits at the leader's pos: cut right after it
+        elif end >= 0 and self.ledger_begin_index <= cut_index <= end:
             # Our entry at cut_index must start where the leader's does, or the logs disagree earlier.
             in_place = self.get_entry_pos_and_size(cut_index)[0] == truncate_pos
         elif cut_index == end + 1:
-            in_place = existed or truncate_pos == dl.next_append_pos(BODY_OFFSET + len(entry.body))
+            in_place = truncate_pos == dl.next_append_pos(BODY_OFFSET + len(entry.body))
         else:
             in_place = False
         self._truncate_epoch += 1
@@ -473,6 +476,7 @@ class DLedgerMmapFileStore(DLedgerStore):
             target, epoch = self.ledger_end_index, self._truncate_epoch
             targets = self.data_file_list.dirty_files() + self.index_file_list.dirty_files()
             if targets:
+                self.flush_rounds += 1
                 try:
                     await asyncio.to_thread(MmapFileList.fsync_files, targets)
                 except OSError as e:
