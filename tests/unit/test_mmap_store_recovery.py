@@ -1,0 +1,162 @@
+"""Recovery of DLedgerMmapFileStore from damaged files: each damage recovers to the last good entry,
+and damage at or below the checkpointed committed index refuses to start with a precise error."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from dledger.codes import DLedgerException, DLedgerResponseCode
+from dledger.config import DLedgerConfig
+from dledger.entry import BODY_OFFSET, INDEX_UNIT_SIZE, DLedgerEntry
+from dledger.store.mmap_store import DLedgerMmapFileStore
+
+DATA_FILE = 1024
+INDEX_FILE = 32 * 16
+
+
+def open_store(base) -> DLedgerMmapFileStore:
+    cfg = DLedgerConfig(store_base_dir=str(base), mapped_file_size_for_entry_data=DATA_FILE,
+                        mapped_file_size_for_entry_index=INDEX_FILE)
+    store = DLedgerMmapFileStore(cfg)
+    store.recover()
+    return store
+
+
+def body_for(i: int) -> bytes:
+    return (f"{i}:".encode() * 60)[: 20 + (i * 37) % 250]
+
+
+def crashed_store(base, n: int = 60, committed: int = 30, term_of=lambda i: 1 + i // 25):
+    """A store with `n` entries, committed index checkpointed, then dropped without a clean shutdown.
+    Returns [(pos, size, path, local offset)] per entry."""
+    store = open_store(base)
+    for i in range(n):
+        store.append_as_leader(DLedgerEntry(body=body_for(i)), term_of(i))
+    store.update_committed_index(term_of(n - 1), committed)
+    store.flush()
+    store._write_checkpoint_now()
+    where = []
+    for i in range(n):
+        e = store.get(i)
+        mf = store.data_file_list.find_file(e.pos)
+        where.append((e.pos, e.size, mf.path, e.pos - mf.file_from_offset))
+    store.close_without_flush()
+    return where
+
+
+def index_path(base, index: int) -> tuple[str, int]:
+    ipos = index * INDEX_UNIT_SIZE
+    start = ipos - ipos % INDEX_FILE
+    return os.path.join(str(base), "dledger-n0", "index", f"{start:020d}"), ipos - start
+
+
+def patch(path: str, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def assert_recovered_to(base, last: int) -> DLedgerMmapFileStore:
+    store = open_store(base)
+    assert store.ledger_end_index == last
+    assert [store.get(i).body for i in range(last + 1)] == [body_for(i) for i in range(last + 1)]
+    assert store.index_file_list.max_wrote_position == (last + 1) * INDEX_UNIT_SIZE
+    with pytest.raises(DLedgerException):
+        store.get(last + 1)
+    # The log continues right after the last good entry.
+    e = store.append_as_leader(DLedgerEntry(body=b"after recovery"), 9)
+    assert e.index == last + 1 and store.get(e.index).body == b"after recovery"
+    return store
+
+
+def test_clean_restart_recovers_everything(tmp_path) -> None:
+    crashed_store(tmp_path)
+    store = assert_recovered_to(tmp_path, 59)
+    assert store.committed_index == 30 and store.ledger_end_term == 9
+
+
+def test_data_file_truncated_mid_entry_recovers_to_the_previous_entry(tmp_path) -> None:
+    where = crashed_store(tmp_path)
+    _pos, size, path, off = where[59]
+    os.truncate(path, off + size // 2)
+    assert_recovered_to(tmp_path, 58)
+
+
+def test_torn_tail_bytes_after_the_cut_are_zeroed(tmp_path) -> None:
+    where = crashed_store(tmp_path)
+    _pos, size, path, off = where[59]
+    patch(path, off + 10, b"\x7f" * (size - 10))  # a half-overwritten last entry
+    assert_recovered_to(tmp_path, 58).close_without_flush()
+    with open(path, "rb") as f:
+        f.seek(off)
+        stale = f.read(size)
+    assert stale[:len(b"after recovery") + BODY_OFFSET].endswith(b"after recovery")
+    assert b"\x7f" not in stale
+
+
+def test_flipped_byte_in_the_last_entry_body_recovers_to_the_previous_entry(tmp_path) -> None:
+    where = crashed_store(tmp_path)
+    _pos, _size, path, off = where[59]
+    with open(path, "r+b") as f:
+        f.seek(off + BODY_OFFSET + 5)
+        b = f.read(1)
+        f.seek(off + BODY_OFFSET + 5)
+        f.write(bytes([b[0] ^ 0x01]))
+    assert_recovered_to(tmp_path, 58)
+
+
+def test_zeroed_index_tail_recovers_to_the_last_entry_with_a_good_index_record(tmp_path) -> None:
+    crashed_store(tmp_path)
+    for i in (57, 58, 59):
+        path, off = index_path(tmp_path, i)
+        patch(path, off, bytes(INDEX_UNIT_SIZE))
+    assert_recovered_to(tmp_path, 56)
+
+
+def test_lost_last_files_recover_to_the_end_of_the_remaining_ones(tmp_path) -> None:
+    where = crashed_store(tmp_path, n=120, committed=20)
+    paths = sorted({w[2] for w in where})
+    for p in paths[-2:]:
+        os.unlink(p)
+    last = max(i for i, w in enumerate(where) if w[2] in paths[:-2])
+    assert_recovered_to(tmp_path, last)
+
+
+def test_term_going_backwards_in_the_tail_is_cut(tmp_path) -> None:
+    crashed_store(tmp_path, n=60, committed=10, term_of=lambda i: 1 if i == 59 else 5)
+    assert_recovered_to(tmp_path, 58)
+
+
+def test_damage_at_or_below_the_committed_index_refuses_to_start(tmp_path) -> None:
+    where = crashed_store(tmp_path, n=60, committed=50)
+    pos, _size, path, off = where[50]  # the checkpointed committed entry itself
+    patch(path, off + BODY_OFFSET, b"\x00\xff")
+    before = {p: open(p, "rb").read() for p in {w[2] for w in where}}
+    with pytest.raises(DLedgerException) as ex:
+        open_store(tmp_path)
+    msg = str(ex.value)
+    assert ex.value.code is DLedgerResponseCode.DISK_ERROR
+    assert os.path.basename(path) in msg and f"pos {pos}" in msg and "after index 49" in msg
+    assert "committedIndex 50" in msg and "CRC" in msg
+    # Refusing changed nothing on disk.
+    assert {p: open(p, "rb").read() for p in before} == before
+
+
+def test_a_bad_index_record_of_a_committed_entry_is_rewritten_from_the_data(tmp_path) -> None:
+    crashed_store(tmp_path, n=60, committed=55)
+    path, off = index_path(tmp_path, 53)  # recovery scans from the committed entry's region
+    patch(path, off, bytes(INDEX_UNIT_SIZE))
+    store = assert_recovered_to(tmp_path, 59)
+    assert store.committed_index == 55
+
+
+def test_missing_data_with_a_committed_checkpoint_refuses_to_start(tmp_path) -> None:
+    crashed_store(tmp_path, n=20, committed=10)
+    data_dir = os.path.join(str(tmp_path), "dledger-n0", "data")
+    for name in os.listdir(data_dir):
+        os.unlink(os.path.join(data_dir, name))
+    with pytest.raises(DLedgerException) as ex:
+        open_store(tmp_path)
+    assert ex.value.code is DLedgerResponseCode.DISK_ERROR and "committedIndex=10" in str(ex.value)
