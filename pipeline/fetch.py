@@ -30,6 +30,9 @@ from pipeline.schema import source_arrow_schema
 
 log = logging.getLogger("ledgermq.pipeline.fetch")
 
+# The broker caps maxMessages of one pull (broker/http/messages.py).
+MAX_PULL_MESSAGES = 1024
+
 
 @dataclass
 class QueuePartition(InputPartition):
@@ -64,6 +67,7 @@ class QueueFetcher:
         self.addrs = list(part.addrs) or []
         self.addr_index = 0
         self.schema = source_arrow_schema(opts.include_properties)
+        self.page_size = max(1, min(opts.page_size, MAX_PULL_MESSAGES))
         self.http = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
 
     def close(self) -> None:
@@ -76,7 +80,7 @@ class QueueFetcher:
         offset = p.start
         deadline = time.monotonic() + self.opts.poll_timeout_ms / 1000.0
         while offset < p.end:
-            page = self._pull(offset, min(self.opts.page_size, p.end - offset), deadline)
+            page = self._pull(offset, min(self.page_size, p.end - offset), deadline)
             if page is None:  # this member has nothing at `offset` yet: wait / rotate
                 if time.monotonic() > deadline:
                     raise TimeoutError(
@@ -154,13 +158,13 @@ class QueueFetcher:
                 return None
             return msgs, min_offset
         err = problem_of(resp, f"pull {p.topic}/{p.broker_name}:{p.queue_id}@{offset}")
-        if (
-            err.code == "OFFSET_OUT_OF_RANGE"
-            and "minOffset" in err.body
-            and offset < int(err.body["minOffset"])
-        ):
-            return [], int(err.body["minOffset"])
-        if resp.status_code in (400, 422) and err.code not in ("OFFSET_OUT_OF_RANGE",):
+        if err.code == "OFFSET_OUT_OF_RANGE" and "minOffset" in err.body:
+            if offset < int(err.body["minOffset"]):
+                return [], int(err.body["minOffset"])
+            # Past this member's end: it is behind (a slave catching up, a new master replaying).
+            self._next_member(sleep_s=0.05)
+            return None
+        if resp.status_code in (400, 422):
             raise err  # our request is wrong: retrying elsewhere will not help
         log.warning("event=pull_retry addr=%s error=%s", addr, err)
         self._next_member(sleep_s=0.1)

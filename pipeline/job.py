@@ -123,28 +123,33 @@ def build_spark(master: str):
     return spark
 
 
-def run(args: argparse.Namespace) -> int:
-    """Start the query, log progress per batch, and wait until it ends (or SIGTERM/SIGINT stops it)."""
-    spark = build_spark(args.master)
+class _ProgressLogger:
+    """Builds the StreamingQueryListener that logs one line per finished micro-batch."""
+
+    @staticmethod
+    def create():
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        class ProgressLogger(StreamingQueryListener):
+            def onQueryStarted(self, event) -> None:
+                log.info("event=query_started id=%s runId=%s", event.id, event.runId)
+
+            def onQueryProgress(self, event) -> None:
+                log.info(progress_line(json.loads(event.progress.json)))
+
+            def onQueryIdle(self, event) -> None:
+                pass
+
+            def onQueryTerminated(self, event) -> None:
+                log.info("event=query_terminated id=%s exception=%s", event.id, event.exception)
+
+        return ProgressLogger()
+
+
+def start_query(spark, args: argparse.Namespace):
+    """Start the topic → files streaming query described by ``args`` on ``spark``; returns the query."""
     from pyspark.sql import functions as F
-    from pyspark.sql.streaming import StreamingQueryListener
 
-    class ProgressLogger(StreamingQueryListener):
-        """Logs one line per finished micro-batch."""
-
-        def onQueryStarted(self, event) -> None:
-            log.info("event=query_started id=%s runId=%s", event.id, event.runId)
-
-        def onQueryProgress(self, event) -> None:
-            log.info(progress_line(json.loads(event.progress.json)))
-
-        def onQueryIdle(self, event) -> None:
-            pass
-
-        def onQueryTerminated(self, event) -> None:
-            log.info("event=query_terminated id=%s exception=%s", event.id, event.exception)
-
-    spark.streams.addListener(ProgressLogger())
     reader = spark.readStream.format("ledgermq")
     opts = {
         "namesrvAddr": args.namesrv,
@@ -159,14 +164,9 @@ def run(args: argparse.Namespace) -> int:
     for k, v in opts.items():
         if v is not None:
             reader = reader.option(k, str(v))
+    # storeTimestamp is a UTC instant; the date column follows the session time zone (UTC in the job).
     df = reader.load().withColumn("date", F.to_date(F.col("storeTimestamp")))
-    if args.format == "delta":
-        try:
-            import delta  # noqa: F401
-        except ImportError:
-            log.error("event=delta_unavailable detail='pip install delta-spark' to use --format delta")
-            return 2
-    query = (
+    return (
         df.writeStream.format(args.format)
         .partitionBy("date")
         .option("checkpointLocation", args.checkpoint)
@@ -175,6 +175,19 @@ def run(args: argparse.Namespace) -> int:
         .queryName("ledgermq_pipeline")
         .start()
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the query, log progress per batch, and wait until it ends (or SIGTERM/SIGINT stops it)."""
+    if args.format == "delta":
+        try:
+            import delta  # noqa: F401
+        except ImportError:
+            log.error("event=delta_unavailable detail='pip install delta-spark' to use --format delta")
+            return 2
+    spark = build_spark(args.master)
+    spark.streams.addListener(_ProgressLogger.create())
+    query = start_query(spark, args)
 
     def _stop(signum, _frame) -> None:
         log.info("event=stopping signal=%s", signum)
