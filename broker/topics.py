@@ -136,9 +136,8 @@ class TopicConfigManager:
         wq = rq if write_queue_nums is None else write_queue_nums
         validate_queue_nums(rq, wq, perm)
         cfg = TopicConfig(topic, rq, wq, perm)
-        await self._write(cfg.to_record())
-        self._topics[topic] = cfg  # also applied by the dispatcher; setting it now avoids a race
-        return cfg
+        await self._write(cfg.to_record())  # returns once the dispatcher applied it
+        return self._topics.get(topic, cfg)
 
     async def auto_create(self, topic: str) -> TopicConfig:
         """Create `topic` with defaultTopicQueueNums if autoCreateTopicEnable, else TOPIC_NOT_EXIST."""
@@ -156,7 +155,6 @@ class TopicConfigManager:
         if topic not in self._topics:
             raise BrokerError(BrokerCode.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist", topic=topic)
         await self._write({"topic_name": topic, "deleted": True})
-        self._apply_delete(topic)
 
     async def _write(self, record: dict[str, Any]) -> None:
         if self._writer is None:

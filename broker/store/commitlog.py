@@ -1,0 +1,173 @@
+"""`CommitLog`: the local, single-node commit log (RocketMQ's `CommitLog` on a `MappedFileQueue`).
+
+Messages in RocketMQ's v1 layout (`broker.message`) are appended back to back into
+`mappedFileSizeCommitLog`-byte files under `{storePathRootDir}/commitlog/`, named by their 20-digit
+start offset; a message never spans files (the rest of a full file holds a blank record, magic -1
+then its length, as `dledger.store.file_list.MmapFileList` writes it). A message's physical offset
+is its global byte position, written into PHYSICALOFFSET when it is encoded.
+
+Recovery scans the last three files message by message (sizes, magic and body CRC) and cuts the log
+at the first torn or garbage record, so a crash mid-write loses only the unacknowledged tail.
+Everything written is committed in this mode: `committed_offset` is the write position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+
+from broker.errors import BrokerCode, BrokerError
+from broker.message import decode_message, read_total_size
+from dledger.codes import DLedgerException
+from dledger.entry import BLANK_MAGIC_CODE
+from dledger.store.file_list import MmapFileList
+
+log = logging.getLogger(__name__)
+
+_INT = struct.Struct(">i")
+
+
+class CommitLog:
+    """Local commit log. Callers: `DefaultMessageStore` (append, read, recovery, flush)."""
+
+    def __init__(self, store_root: str, file_size: int, sync_flush: bool = False) -> None:
+        self.store_path = os.path.join(store_root, "commitlog")
+        self.files = MmapFileList(self.store_path, file_size)
+        self.sync_flush = sync_flush
+        self._flush_task: asyncio.Task | None = None
+        self._flush_lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    async def prepare(self) -> None:
+        """Load and recover the files (before consume queues are checked against `data_end`)."""
+        await asyncio.to_thread(self._load_and_recover)
+
+    def _load_and_recover(self) -> None:
+        self.files.load()
+        self.recover()
+
+    async def start(self) -> None:
+        """Start the background flush (ASYNC_FLUSH: every 500 ms)."""
+        self._flush_task = asyncio.get_running_loop().create_task(self._flush_loop())
+
+    async def shutdown(self) -> None:
+        self._stopping.set()
+        if self._flush_task is not None:
+            await self._flush_task
+        await asyncio.to_thread(self.files.flush)
+        self.files.close()
+
+    async def _flush_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await asyncio.wait_for(self._stopping.wait(), 0.5)
+            except TimeoutError:
+                pass
+            if self.files.dirty_files():
+                await self.flush()
+
+    async def flush(self) -> None:
+        """fsync dirty files in a worker thread; concurrent callers share one flush (group commit)."""
+        async with self._flush_lock:
+            targets = self.files.dirty_files()
+            if targets:
+                await asyncio.to_thread(MmapFileList.fsync_files, targets)
+                MmapFileList.mark_flushed(targets)
+
+    def recover(self) -> None:
+        """Scan from the third-last file; cut at the first record that is not a whole, valid message."""
+        files = self.files.files
+        if not files:
+            return
+        pos = files[max(0, len(files) - 3)].file_from_offset
+        end = pos
+        while True:
+            mf = self.files.find_file(pos)
+            if mf is None:
+                break
+            local = pos - mf.file_from_offset
+            if local + 8 > mf.file_size:
+                pos = mf.end_offset
+                continue
+            first = _INT.unpack_from(mf.mm, local)[0]
+            if first == BLANK_MAGIC_CODE:
+                pos = mf.end_offset  # the rest of this file is a blank record
+                end = pos
+                continue
+            if first <= 0:
+                break
+            try:
+                decode_message(mf.mv[local:min(local + first, mf.file_size)], pos)
+            except BrokerError as exc:
+                log.warning("event=commitlog_torn_tail pos=%d reason=%s", pos, exc.detail)
+                break
+            pos += first
+            end = pos
+        self.files.truncate_offset(end, stop_after_zeros=1 << 20)
+        log.info("event=commitlog_recovered dir=%s max_offset=%d", self.store_path, end)
+
+    # ---- positions ----------------------------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        return self.files.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        """End of written (= committed, in local mode) data."""
+        return self.files.max_wrote_position
+
+    committed_offset = max_offset
+    data_end = max_offset
+
+    def next_position(self, size: int) -> int:
+        """Where a message of `size` bytes will land (after any roll-over)."""
+        try:
+            return self.files.next_append_pos(size)
+        except DLedgerException as exc:
+            raise BrokerError(BrokerCode.MESSAGE_TOO_LARGE,
+                              f"message of {size} bytes does not fit a commit-log file: "
+                              f"{exc.detail}") from None
+
+    # ---- writing and reading ------------------------------------------------------------------
+
+    def append(self, data: bytes | bytearray) -> int:
+        """Append one encoded message; returns its physical offset."""
+        return self.files.append(data)
+
+    def get_data(self, phys: int, size: int) -> memoryview:
+        """Bytes of a stored message; MESSAGE_NOT_FOUND outside the written range."""
+        if phys < self.min_offset or phys + size > self.max_offset or size <= 0:
+            raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND,
+                              f"commit-log offset {phys} size {size} outside [{self.min_offset}, "
+                              f"{self.max_offset})", commitLogOffset=phys)
+        try:
+            return self.files.get_data(phys, size)
+        except DLedgerException as exc:
+            raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND, exc.detail, commitLogOffset=phys) from None
+
+    def message_size_at(self, phys: int) -> int:
+        """TOTALSIZE of the message at `phys` (-1 for a blank record)."""
+        return read_total_size(self.get_data(phys, 4))
+
+    def next_record(self, pos: int) -> tuple[int, int]:
+        """For the dispatcher: (position of the next message at or after `pos`, its size), skipping
+        blank records; (pos, 0) when nothing more is written."""
+        while pos < self.max_offset:
+            mf = self.files.find_file(pos)
+            if mf is None:
+                return pos, 0
+            local = pos - mf.file_from_offset
+            if local + 4 > mf.wrote_pos:
+                pos = mf.end_offset
+                continue
+            first = _INT.unpack_from(mf.mm, local)[0]
+            if first == BLANK_MAGIC_CODE:
+                pos = mf.end_offset
+                continue
+            return pos, first
+        return pos, 0

@@ -1,0 +1,624 @@
+"""`DefaultMessageStore`: commit log + consume queues + the reput dispatcher + replicated state.
+
+The commit log is a local `CommitLog` or, with `enableDLegerCommitLog`, a `DLedgerCommitLog`.
+Either way the store works the same:
+
+- `put_messages` validates, encodes (RocketMQ v1 layout), assigns queue offsets from the
+  topic-queue table and appends; it returns once the batch is committed (local: written; DLedger:
+  on a majority). In DLedger mode the queue offset and PHYSICALOFFSET are stamped by the append
+  hook as the leader writes each entry, so queue offsets follow log order exactly.
+- The **reput dispatcher** feeds only committed messages, in log order, into the consume queues
+  (`{storePathRootDir}/consumequeue/{topic}/{queueId}/`), applies system records (topic configs,
+  consumer offsets, broker members), fills the idempotency table and wakes long-polling consumers.
+  Local mode: driven by the committed (= written) position after each put. DLedger mode: the
+  store is the DLedger server's `StateMachine` (`on_apply` of committed entries, on every member).
+- Recovery: consume queues are cut past the end of the commit log, dispatch resumes after the last
+  message any consume queue holds, the topic-queue table is rebuilt from the consume queues, and
+  the system topics are replayed to rebuild topics, offsets and the idempotency table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from broker.config import BrokerConfig
+from broker.errors import BrokerCode, BrokerError
+from broker.message import (
+    FIXED_OVERHEAD,
+    PROPERTY_IDEMPOTENCY_KEY,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    STORE_TIMESTAMP_POSITION,
+    DispatchInfo,
+    Message,
+    MessageExt,
+    create_message_id,
+    decode_dispatch_info,
+    decode_message,
+    encode_message,
+    new_uniq_key,
+    read_total_size,
+    tags_hash_code,
+)
+from broker.store.commitlog import CommitLog
+from broker.store.consume_queue import ConsumeQueue
+from broker.store.offsets import ConsumerOffsetManager, IdempotencyTable, PutResult
+from broker.topics import (
+    SYS_BROKER_MEMBERS,
+    SYS_CONSUMER_OFFSETS,
+    SYS_TOPIC_CONFIG,
+    TOPIC_NAME_RE,
+    TopicConfigManager,
+    is_system_topic,
+    validate_topic,
+)
+
+log = logging.getLogger(__name__)
+
+_LONG = struct.Struct(">q")
+MAX_PULL_MESSAGES = 1024
+DEFAULT_PULL_BYTES = 4 * 1024 * 1024
+__all__ = ["DefaultMessageStore", "GetResult", "PutResult"]
+
+
+def _flush_queues(queues: list[ConsumeQueue]) -> None:
+    """fsync consume-queue files (worker thread); a queue deleted meanwhile is skipped."""
+    for cq in queues:
+        try:
+            cq.flush()
+        except (OSError, ValueError) as exc:
+            log.debug("event=cq_flush_skipped topic=%s queueId=%d reason=%s", cq.topic, cq.queue_id, exc)
+
+
+@dataclass(slots=True)
+class GetResult:
+    """Messages read from one queue; `next_offset` is where the next pull starts."""
+
+    messages: list[MessageExt]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A put in flight for an idempotency key: later duplicates wait on `future`."""
+
+    future: asyncio.Future[PutResult] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class DefaultMessageStore:
+    """The broker's store. See `docs/INTERFACES.md` (broker store) for the contract."""
+
+    def __init__(self, config: BrokerConfig, dledger_server: Any | None = None) -> None:
+        self.config = config
+        self.topics = TopicConfigManager(config.default_topic_queue_nums, config.auto_create_topic_enable)
+        self.offsets = ConsumerOffsetManager()
+        self.idempotency = IdempotencyTable(config.idempotency_window_ms)
+        self.member_addrs: dict[str, str] = {}  # DLedger selfId -> HTTP addr, from SYS_BROKER_MEMBERS
+        self.cq_root = os.path.join(config.store_path_root_dir, "consumequeue")
+        self.consume_queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self.queue_offset_table: dict[tuple[str, int], int] = {}
+        self.dledger = bool(config.enable_dleger_commit_log)
+        if self.dledger:
+            from broker.store.dledger_commitlog import DLedgerCommitLog
+
+            self.commit_log: Any = DLedgerCommitLog(self, config, dledger_server)
+        else:
+            self.commit_log = CommitLog(config.store_path_root_dir, config.mapped_file_size_commit_log,
+                                        config.flush_disk_type == "SYNC_FLUSH")
+        # Role state, owned by BrokerController / DLedgerRoleChangeHandler; local mode is always master.
+        self.is_master = not self.dledger
+        self.reput_offset = 0  # everything below this commit-log offset is dispatched
+        self._system_handlers: dict[str, Callable[[dict[str, Any]], None]] = {
+            SYS_TOPIC_CONFIG: self.topics.apply_record,
+            SYS_CONSUMER_OFFSETS: self.offsets.apply_record,
+            SYS_BROKER_MEMBERS: self._apply_member_record,
+        }
+        self.topics.set_writer(self.append_system_record)
+        self.topics.on_delete = self._drop_topic
+        self.offsets.set_writer(self.append_system_record)
+        self._replaying = False
+        self._arrivals: dict[tuple[str, int], asyncio.Event] = {}
+        self._dispatch_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._pending: dict[tuple[str, str], _Pending] = {}
+        self._round_robin: dict[str, int] = {}
+        self._flush_task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self.started = False
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def register_system_handler(self, sys_topic: str, handler: Callable[[dict[str, Any]], None]) -> None:
+        """Apply records of `sys_topic` (JSON bodies written with `append_system_record`) on every
+        member, in log order, and on replay at start. Register before `start()`."""
+        validate_topic(sys_topic, allow_system=True)
+        self._system_handlers[sys_topic] = handler
+
+    async def start(self) -> None:
+        """Recover consume queues and the commit log, replay system records, start dispatching."""
+        self._load_consume_queues()
+        await self.commit_log.prepare()
+        data_end = self.commit_log.data_end
+        for cq in self.consume_queues.values():
+            cq.truncate_dirty(data_end)
+        self.reput_offset = max((cq.max_phys_end for cq in self.consume_queues.values()),
+                                default=self.commit_log.min_offset)
+        self.recover_topic_queue_table()
+        self._replay_system_records()
+        self._rebuild_idempotency()
+        self._flush_task = asyncio.get_running_loop().create_task(self._flush_loop())
+        await self.commit_log.start()
+        if not self.dledger:
+            self.reput_local()
+        self.started = True
+        log.info("event=store_started broker=%s mode=%s reput_offset=%d queues=%d topics=%d",
+                 self.config.broker_name, "dledger" if self.dledger else "local", self.reput_offset,
+                 len(self.consume_queues), len(self.topics.all()))
+
+    async def shutdown(self) -> None:
+        self._stopping.set()
+        await self.commit_log.shutdown()
+        if self._flush_task is not None:
+            await self._flush_task
+        for _, fut in self._dispatch_waiters:
+            if not fut.done():
+                fut.set_exception(BrokerError(BrokerCode.SERVICE_UNAVAILABLE, "store shut down"))
+        self._dispatch_waiters.clear()
+        for cq in self.consume_queues.values():
+            cq.flush()
+            cq.close()
+        log.info("event=store_shutdown broker=%s reput_offset=%d", self.config.broker_name, self.reput_offset)
+
+    async def _flush_loop(self) -> None:
+        """Consume queues are page cache between fsyncs: flush them once a second."""
+        while not self._stopping.is_set():
+            try:
+                await asyncio.wait_for(self._stopping.wait(), 1.0)
+            except TimeoutError:
+                pass
+            dirty = [cq for cq in self.consume_queues.values() if cq.files.dirty_files()]
+            if dirty:
+                await asyncio.to_thread(_flush_queues, dirty)
+
+    def _load_consume_queues(self) -> None:
+        os.makedirs(self.cq_root, exist_ok=True)
+        for topic in sorted(os.listdir(self.cq_root)):
+            tdir = os.path.join(self.cq_root, topic)
+            if not TOPIC_NAME_RE.match(topic) or not os.path.isdir(tdir):
+                log.warning("event=cq_dir_ignored path=%s reason=not a topic name", tdir)
+                continue
+            for qname in sorted(os.listdir(tdir)):
+                if not qname.isdigit():
+                    continue
+                cq = ConsumeQueue(self.cq_root, topic, int(qname), self.config.mapped_file_size_consume_queue)
+                cq.load()
+                cq.recover()
+                self.consume_queues[(topic, int(qname))] = cq
+                self.topics.ensure_from_data(topic, int(qname))
+
+    def recover_topic_queue_table(self) -> None:
+        """The next queue offset of every queue = its consume queue's max offset (a new master
+        calls this once everything committed is dispatched)."""
+        self.queue_offset_table = {key: cq.max_offset for key, cq in self.consume_queues.items()}
+
+    def _replay_system_records(self) -> None:
+        self._replaying = True
+        try:
+            for (topic, _), cq in sorted(self.consume_queues.items()):
+                handler = self._system_handlers.get(topic)
+                if handler is None:
+                    continue
+                for phys, size, _ in cq.get_units(cq.min_offset, cq.max_offset - cq.min_offset):
+                    try:
+                        ext = decode_message(self.commit_log.get_data(phys, size), phys)
+                        handler(orjson.loads(ext.body))
+                    except (BrokerError, orjson.JSONDecodeError) as exc:
+                        log.error("event=system_record_unreadable topic=%s phys=%d reason=%s",
+                                  topic, phys, exc)
+        finally:
+            self._replaying = False
+
+    def _rebuild_idempotency(self) -> None:
+        if self.config.idempotency_window_ms <= 0:
+            return
+        since = int(time.time() * 1000) - self.config.idempotency_window_ms
+        for (topic, _), cq in self.consume_queues.items():
+            if is_system_topic(topic):
+                continue
+            start = cq.offset_for_timestamp(since, self._store_time_of)
+            for phys, size, _ in cq.get_units(start, cq.max_offset - start):
+                try:
+                    info = decode_dispatch_info(self.commit_log.get_data(phys, size), phys)
+                except BrokerError:
+                    continue
+                self._remember_idempotency(info)
+
+    # ---- role (set by the role-change handler) ------------------------------------------------
+
+    @property
+    def master_addr(self) -> str | None:
+        """HTTP address of the master of this broker set, when known."""
+        if self.is_master:
+            return self.config.broker_addr
+        leader = self.commit_log.leader_id if self.dledger else None
+        return self.member_addrs.get(leader) if leader else None
+
+    def not_master_error(self) -> BrokerError:
+        addr = self.master_addr
+        return BrokerError(BrokerCode.NOT_MASTER,
+                           f"broker {self.config.broker_name} ({self.config.broker_addr}) is a slave; "
+                           f"write to the master{' at ' + addr if addr else ' (being elected)'}",
+                           masterAddr=addr)
+
+    def dispatch_caught_up(self) -> bool:
+        """Everything committed is dispatched (and, in DLedger mode, nothing uncommitted is in
+        the local log) — the condition RocketMQ's role-change handler waits for."""
+        return self.commit_log.dispatch_caught_up() if self.dledger else True
+
+    def _apply_member_record(self, record: dict[str, Any]) -> None:
+        sid, addr = record.get("selfId"), record.get("addr")
+        if isinstance(sid, str) and isinstance(addr, str):
+            self.member_addrs[sid] = addr
+
+    # ---- producing ----------------------------------------------------------------------------
+
+    def assign_queue_offset(self, topic: str, queue_id: int) -> int:
+        """Next queue offset of (topic, queueId); called in log order (local put, DLedger hook)."""
+        key = (topic, queue_id)
+        off = self.queue_offset_table.get(key, 0)
+        self.queue_offset_table[key] = off + 1
+        return off
+
+    def _choose_queue(self, topic: str, nums: int) -> int:
+        n = self._round_robin.get(topic, 0)
+        self._round_robin[topic] = n + 1
+        return n % nums
+
+    async def put_messages(self, topic: str, msgs: list[Message], queue_id: int | None = None,
+                           *, _system: bool = False) -> list[PutResult]:
+        """Store a batch (all to one queue) and return once committed. A message whose idempotency
+        key was stored within `idempotencyWindowMs` is not stored again: its first result is
+        returned. Raises BrokerError; on an error nothing of the batch is stored."""
+        validate_topic(topic, allow_system=_system)
+        if not msgs:
+            raise BrokerError(BrokerCode.INVALID_REQUEST, "no messages to store", field="messages")
+        if not _system and not self.is_master:
+            raise self.not_master_error()
+        if not self.started:
+            raise BrokerError(BrokerCode.SERVICE_UNAVAILABLE, "store is starting")
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            if _system:
+                self.topics.ensure_from_data(topic, 0)
+                cfg = self.topics.get(topic)
+            else:
+                cfg = await self.topics.auto_create(topic)
+        assert cfg is not None
+        if not cfg.is_writeable():
+            raise BrokerError(BrokerCode.NO_PERMISSION, f"topic {topic!r} is not writeable (perm {cfg.perm})",
+                              topic=topic)
+        if queue_id is None:
+            queue_id = self._choose_queue(topic, cfg.write_queue_nums)
+        elif not isinstance(queue_id, int) or not 0 <= queue_id < cfg.write_queue_nums:
+            raise BrokerError(BrokerCode.QUEUE_NOT_EXIST, f"queue {queue_id!r} does not exist: topic "
+                              f"{topic!r} has {cfg.write_queue_nums} write queues",
+                              topic=topic, queueId=queue_id)
+        results: list[PutResult | None] = [None] * len(msgs)
+        waits: list[tuple[int, asyncio.Future[PutResult]]] = []
+        to_store: list[int] = []
+        mine: dict[tuple[str, str], _Pending] = {}
+        for i, m in enumerate(msgs):
+            key = m.idempotency_key
+            if key:
+                hit = self.idempotency.get(topic, key)
+                if hit is not None:
+                    results[i] = hit
+                    continue
+                pending = self._pending.get((topic, key)) or mine.get((topic, key))
+                if pending is not None:
+                    waits.append((i, pending.future))
+                    continue
+                mine[(topic, key)] = _Pending()
+            to_store.append(i)
+        try:
+            bufs = [self._encode(msgs[i], queue_id) for i in to_store]
+        except BrokerError:
+            for p in mine.values():
+                p.future.cancel()
+            raise
+        self._pending.update(mine)
+        try:
+            stored = await self._append(bufs) if bufs else []
+        except BaseException as exc:
+            for k, p in mine.items():
+                self._pending.pop(k, None)
+                if not p.future.done():
+                    p.future.set_exception(exc if isinstance(exc, BrokerError) else
+                                           BrokerError(BrokerCode.INTERNAL_ERROR, str(exc)))
+                    p.future.exception()  # retrieved: a failure nobody waited for is not "never retrieved"
+            raise
+        now = int(time.time() * 1000)
+        for i, res in zip(to_store, stored, strict=True):
+            results[i] = res
+            key = msgs[i].idempotency_key
+            if key:
+                self.idempotency.remember(topic, key, res, now)
+                p = self._pending.pop((topic, key), None)
+                if p is not None and not p.future.done():
+                    p.future.set_result(res)
+        for i, fut in waits:
+            results[i] = await fut
+        return [r for r in results if r is not None]
+
+    def _encode(self, msg: Message, queue_id: int) -> bytearray:
+        if not isinstance(msg.body, bytes | bytearray):
+            raise BrokerError(BrokerCode.INVALID_REQUEST, "message body must be bytes", field="body")
+        props = msg.all_properties() if msg.properties.get(PROPERTY_UNIQ_KEY) is None else None
+        buf = encode_message(msg, queue_id=queue_id, queue_offset=0, phys_offset=0,
+                             store_host=self.config.broker_addr, props=props,
+                             max_message_size=self.config.max_message_size)
+        return buf
+
+    async def _append(self, bufs: list[bytearray]) -> list[PutResult]:
+        if self.dledger:
+            placed = await self.commit_log.put(bufs)
+        else:
+            placed = self._put_local(bufs)
+            if self.commit_log.sync_flush:
+                await self.commit_log.flush()
+        host = self.config.broker_addr
+        return [PutResult(create_message_id(host, phys), qid, qoff, phys, size)
+                for (phys, size, qid, qoff) in placed]
+
+    def _put_local(self, bufs: list[bytearray]) -> list[tuple[int, int, int, int]]:
+        """Local mode: assign queue offsets and physical offsets and write — no await in between,
+        so concurrent puts cannot interleave — then dispatch what is now committed."""
+        limit = self.commit_log.files.file_size - 8
+        for b in bufs:
+            if len(b) > limit:
+                raise BrokerError(BrokerCode.MESSAGE_TOO_LARGE,
+                                  f"message of {len(b)} bytes exceeds a commit-log file ({limit} usable)")
+        placed = []
+        for b in bufs:
+            topic_qid = self._topic_qid_of(b)
+            qoff = self.assign_queue_offset(*topic_qid)
+            phys = self.commit_log.next_position(len(b))
+            _LONG.pack_into(b, 20, qoff)
+            _LONG.pack_into(b, 28, phys)
+            at = self.commit_log.append(b)
+            assert at == phys, (at, phys)
+            placed.append((phys, len(b), topic_qid[1], qoff))
+        self.reput_local()
+        return placed
+
+    @staticmethod
+    def _topic_qid_of(buf: bytearray) -> tuple[str, int]:
+        from broker.message import read_topic_and_queue
+
+        return read_topic_and_queue(buf)
+
+    async def append_system_record(self, sys_topic: str, record: dict[str, Any], *,
+                                   force: bool = False) -> None:
+        """Write a JSON record into a system topic (queue 0), wait until it is committed AND
+        dispatched (so the caller reads its own write). Master only unless `force` (the
+        role-change handler writes before it accepts user writes)."""
+        if not self.is_master and not force:
+            raise self.not_master_error()
+        msg = Message(sys_topic, orjson.dumps(record), properties={PROPERTY_UNIQ_KEY: new_uniq_key()})
+        res = await self.put_messages(sys_topic, [msg], 0, _system=True)
+        await self.wait_dispatched(res[0].commit_log_offset + res[0].store_size)
+
+    async def wait_dispatched(self, phys_end: int, timeout_s: float = 10.0) -> None:
+        if self.reput_offset >= phys_end:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._dispatch_waiters.append((phys_end, fut))
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            raise BrokerError(BrokerCode.TIMEOUT, "committed record was not dispatched in time",
+                              outcome="committed") from None
+
+    # ---- dispatching --------------------------------------------------------------------------
+
+    def reput_local(self) -> None:
+        """Local mode: dispatch everything between reput_offset and the commit log's end."""
+        pos = self.reput_offset
+        while True:
+            pos, size = self.commit_log.next_record(pos)
+            if size <= 0:
+                break
+            self.dispatch(self.commit_log.get_data(pos, size), pos)
+            pos += size
+        self.reput_offset = max(self.reput_offset, pos)
+        self.dispatch_done()
+
+    def dispatch(self, data: memoryview | bytes, phys: int) -> None:
+        """Dispatch one committed message (in log order) whose bytes start at `phys`."""
+        if phys < self.reput_offset:
+            return  # already dispatched (replay after restart)
+        try:
+            info = decode_dispatch_info(data, phys)
+        except BrokerError as exc:
+            log.error("event=dispatch_skipped phys=%d reason=%s", phys, exc.detail)
+            self.reput_offset = phys + max(len(data), 1)
+            return
+        if info.phys_offset != phys:
+            log.error("event=phys_offset_mismatch stored=%d actual=%d topic=%s",
+                      info.phys_offset, phys, info.topic)
+        self.topics.ensure_from_data(info.topic, info.queue_id)
+        key = (info.topic, info.queue_id)
+        cq = self.consume_queues.get(key)
+        if cq is None:
+            cq = self._create_cq(*key)
+        cq.put_unit(info.queue_offset, phys, info.size, info.tags_code)
+        if self.queue_offset_table.get(key, 0) <= info.queue_offset and not self.is_master:
+            self.queue_offset_table[key] = info.queue_offset + 1
+        handler = self._system_handlers.get(info.topic)
+        if handler is not None:
+            try:
+                handler(orjson.loads(decode_message(data, phys).body))
+            except (BrokerError, orjson.JSONDecodeError) as exc:
+                log.error("event=system_record_unreadable topic=%s phys=%d reason=%s", info.topic, phys, exc)
+        if PROPERTY_IDEMPOTENCY_KEY in info.properties:
+            self._remember_idempotency(info)
+        self.reput_offset = phys + info.size
+        ev = self._arrivals.pop(key, None)
+        if ev is not None:
+            ev.set()
+
+    def dispatch_done(self) -> None:
+        """After a batch of dispatches: release `wait_dispatched` callers that are covered."""
+        if not self._dispatch_waiters:
+            return
+        keep = []
+        for target, fut in self._dispatch_waiters:
+            if fut.done():
+                continue
+            if target <= self.reput_offset:
+                fut.set_result(None)
+            else:
+                keep.append((target, fut))
+        self._dispatch_waiters = keep
+
+    def _remember_idempotency(self, info: DispatchInfo) -> None:
+        key = info.properties.get(PROPERTY_IDEMPOTENCY_KEY)
+        if key:
+            res = PutResult(create_message_id(info.store_host, info.phys_offset), info.queue_id,
+                            info.queue_offset, info.phys_offset, info.size)
+            self.idempotency.remember(info.topic, key, res, info.store_timestamp)
+
+    def _create_cq(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = ConsumeQueue(self.cq_root, topic, queue_id, self.config.mapped_file_size_consume_queue)
+        cq.load()
+        self.consume_queues[(topic, queue_id)] = cq
+        return cq
+
+    def _drop_topic(self, topic: str) -> None:
+        """A topic was deleted: drop its queues (not while replaying: they may be a later re-creation)."""
+        if self._replaying:
+            return
+        for key in [k for k in self.consume_queues if k[0] == topic]:
+            self.consume_queues.pop(key).destroy()
+            self.queue_offset_table.pop(key, None)
+        self.offsets.drop_topic(topic)
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        validate_topic(topic, allow_system=True)
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            raise BrokerError(BrokerCode.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist", topic=topic)
+        if not isinstance(queue_id, int) or not 0 <= queue_id < cfg.queue_nums:
+            raise BrokerError(BrokerCode.QUEUE_NOT_EXIST, f"queue {queue_id!r} does not exist: topic "
+                              f"{topic!r} has {cfg.queue_nums} queues", topic=topic, queueId=queue_id)
+        return self.consume_queues.get((topic, queue_id))
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self._queue(topic, queue_id)
+        return cq.min_offset if cq else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        cq = self._queue(topic, queue_id)
+        return cq.max_offset if cq else 0
+
+    def queue_offsets(self, topic: str) -> list[tuple[int, int, int]]:
+        """[(queueId, minOffset, maxOffset)] of every queue of `topic`."""
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            raise BrokerError(BrokerCode.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist", topic=topic)
+        out = []
+        for q in range(cfg.queue_nums):
+            cq = self.consume_queues.get((topic, q))
+            out.append((q, cq.min_offset if cq else 0, cq.max_offset if cq else 0))
+        return out
+
+    def get_messages(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
+                     max_bytes: int = DEFAULT_PULL_BYTES, tags: set[str] | None = None) -> GetResult:
+        """Read committed messages from `offset`. `tags` (None = all) filters by tag, first by hash
+        code in the consume queue, then by the stored tag. OFFSET_OUT_OF_RANGE outside [min, max]."""
+        cq = self._queue(topic, queue_id)
+        if not isinstance(max_messages, int) or not 1 <= max_messages <= MAX_PULL_MESSAGES:
+            raise BrokerError(BrokerCode.INVALID_REQUEST,
+                              f"maxMessages must be in 1..{MAX_PULL_MESSAGES}, got {max_messages!r}",
+                              field="maxMessages")
+        lo, hi = (cq.min_offset, cq.max_offset) if cq else (0, 0)
+        if not isinstance(offset, int) or not lo <= offset <= hi:
+            raise BrokerError(BrokerCode.OFFSET_OUT_OF_RANGE, f"offset {offset!r} outside [{lo}, {hi}] of "
+                              f"{topic}/{queue_id}", minOffset=lo, maxOffset=hi)
+        if cq is None or offset == hi:
+            return GetResult([], offset, lo, hi)
+        codes = {tags_hash_code(t) for t in tags} if tags else None
+        scan = max_messages if codes is None else min(MAX_PULL_MESSAGES, max_messages * 16)
+        out: list[MessageExt] = []
+        size_sum = 0
+        next_offset = offset
+        for phys, size, code in cq.get_units(offset, scan):
+            if out and (len(out) >= max_messages or size_sum + size > max_bytes):
+                break
+            if size > 0 and (codes is None or code in codes):
+                try:
+                    ext = decode_message(self.commit_log.get_data(phys, size), phys)
+                except BrokerError:
+                    if out:
+                        break  # return what we have; the next pull meets the error
+                    raise
+                if tags is None or ext.properties.get(PROPERTY_TAGS) in tags:
+                    out.append(ext)
+                    size_sum += size
+            next_offset += 1
+        return GetResult(out, next_offset, lo, hi)
+
+    def look_message_by_offset(self, commit_log_offset: int, size: int | None = None) -> MessageExt:
+        """The message whose bytes start at `commit_log_offset` (a msgId's offset). Raises
+        MESSAGE_NOT_FOUND / MESSAGE_CORRUPTED."""
+        if not isinstance(commit_log_offset, int) or commit_log_offset < 0:
+            raise BrokerError(BrokerCode.INVALID_REQUEST, f"bad commit-log offset {commit_log_offset!r}")
+        if size is None:
+            size = read_total_size(self.commit_log.get_data(commit_log_offset, 4))
+            if size < FIXED_OVERHEAD:
+                raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND,
+                                  f"no message starts at commit-log offset {commit_log_offset}")
+        return decode_message(self.commit_log.get_data(commit_log_offset, size), commit_log_offset)
+
+    def _store_time_of(self, phys: int, size: int) -> int | None:
+        try:
+            return _LONG.unpack_from(self.commit_log.get_data(phys + STORE_TIMESTAMP_POSITION, 8))[0]
+        except BrokerError:
+            return None
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
+        """First queue offset stored at or after `ts_ms` (max offset if none)."""
+        cq = self._queue(topic, queue_id)
+        return cq.offset_for_timestamp(ts_ms, self._store_time_of) if cq else 0
+
+    async def wait_for_message(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
+        """Long polling: True once the queue's max offset passes `offset`, False after `timeout_s`."""
+        key = (topic, queue_id)
+        deadline = asyncio.get_running_loop().time() + max(0.0, timeout_s)
+        while True:
+            cq = self.consume_queues.get(key)
+            if cq is not None and cq.max_offset > offset:
+                return True
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return False
+            ev = self._arrivals.get(key)
+            if ev is None:
+                ev = self._arrivals[key] = asyncio.Event()
+            try:
+                await asyncio.wait_for(ev.wait(), left)
+            except TimeoutError:
+                return False

@@ -1,0 +1,268 @@
+"""The broker store suite, run against both commit logs: the local `CommitLog` and a
+(single-member) `DLedgerCommitLog` — the same tests, parametrised, not copied."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from broker.config import BrokerConfig
+from broker.errors import BrokerCode, BrokerError
+from broker.message import Message, decode_message_id
+from broker.store.message_store import DefaultMessageStore
+
+MODES = ["local", "dledger"]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_config(mode: str, root: str, port: int | None = None) -> BrokerConfig:
+    cfg = BrokerConfig(store_path_root_dir=str(root), mapped_file_size_commit_log=64 * 1024,
+                       mapped_file_size_consume_queue=20 * 50, default_topic_queue_nums=4,
+                       max_message_size=16 * 1024, listen_port=18080)
+    if mode == "dledger":
+        pytest.importorskip("dledger.server")
+        cfg.enable_dleger_commit_log = True
+        cfg.dleger_group = "g"
+        cfg.dleger_self_id = "n0"
+        cfg.dleger_peers = f"n0-127.0.0.1:{port or free_port()}"
+    return cfg
+
+
+async def open_store(cfg: BrokerConfig) -> DefaultMessageStore:
+    store = DefaultMessageStore(cfg)
+    await store.start()
+    if cfg.enable_dleger_commit_log:  # single member: wait for it to elect itself and serve
+        from broker.role_change import wait_until_master
+
+        await wait_until_master(store, timeout_s=10)
+    return store
+
+
+@pytest.fixture(params=MODES)
+def mode(request):
+    return request.param
+
+
+@pytest.fixture
+async def store(mode, tmp_path):
+    s = await open_store(make_config(mode, tmp_path))
+    yield s
+    await s.shutdown()
+
+
+async def test_put_and_get_by_offset(store):
+    res = await store.put_messages("T", [Message("T", f"m{i}".encode(), tags="a") for i in range(5)], 2)
+    assert [r.queue_offset for r in res] == [0, 1, 2, 3, 4] and {r.queue_id for r in res} == {2}
+    assert all(res[i].commit_log_offset < res[i + 1].commit_log_offset for i in range(4))
+    got = store.get_messages("T", 2, 1, 3)
+    assert [m.body for m in got.messages] == [b"m1", b"m2", b"m3"] and got.next_offset == 4
+    assert (got.min_offset, got.max_offset) == (0, 5)
+    for r in res:
+        host, off = decode_message_id(r.msg_id)
+        assert off == r.commit_log_offset and host == store.config.broker_addr
+        m = store.look_message_by_offset(off)
+        assert m.queue_offset == r.queue_offset and m.commit_log_offset == off and m.msg_id == r.msg_id
+    assert store.get_messages("T", 2, 5, 3).messages == []
+    assert store.max_offset("T", 0) == 0
+
+
+async def test_consume_queue_tags_and_time(store):
+    t0 = int(time.time() * 1000)
+    for i in range(6):
+        await store.put_messages("T", [Message("T", b"x%d" % i, tags="even" if i % 2 == 0 else "odd")], 0)
+        await asyncio.sleep(0.01)
+    got = store.get_messages("T", 0, 0, 10, tags={"odd"})
+    assert [m.body for m in got.messages] == [b"x1", b"x3", b"x5"] and got.next_offset == 6
+    mid = store.look_message_by_offset(store.get_messages("T", 0, 3, 1).messages[0].commit_log_offset)
+    assert store.offset_for_timestamp("T", 0, mid.store_timestamp) == 3
+    assert store.offset_for_timestamp("T", 0, t0 - 1000) == 0
+    assert store.offset_for_timestamp("T", 0, int(time.time() * 1000) + 10_000) == 6
+
+
+async def test_wait_for_message_woken_by_dispatch(store):
+    await store.put_messages("T", [Message("T", b"a")], 1)
+    waiter = asyncio.create_task(store.wait_for_message("T", 1, 1, 5.0))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    await store.put_messages("T", [Message("T", b"b")], 1)
+    assert await asyncio.wait_for(waiter, 2.0) is True
+    assert await store.wait_for_message("T", 1, 5, 0.05) is False
+
+
+async def test_offsets_and_topics_survive_restart(mode, tmp_path):
+    cfg = make_config(mode, tmp_path)
+    s = await open_store(cfg)
+    await s.topics.create_or_update("Orders", 3, 3)
+    await s.put_messages("Orders", [Message("Orders", b"o%d" % i) for i in range(4)], 1)
+    await s.offsets.commit("g1", "Orders", 1, 3)
+    await s.offsets.commit_many("g2", "Orders", {0: 0, 1: 2})
+    assert s.offsets.query("g1", "Orders", 1) == 3
+    first = await s.put_messages("Orders", [Message("Orders", b"once", idempotency_key="k-1")], 2)
+    await s.shutdown()
+    s = await open_store(cfg)
+    try:
+        assert s.topics.get("Orders").read_queue_nums == 3
+        assert s.offsets.query("g1", "Orders", 1) == 3 and s.offsets.query("g2", "Orders", 1) == 2
+        assert s.offsets.query("g1", "Orders", 0) == -1
+        assert s.max_offset("Orders", 1) == 4
+        again = await s.put_messages("Orders", [Message("Orders", b"twice", idempotency_key="k-1")], 2)
+        assert again == first and s.max_offset("Orders", 2) == 1
+        nxt = await s.put_messages("Orders", [Message("Orders", b"o4")], 1)
+        assert nxt[0].queue_offset == 4
+    finally:
+        await s.shutdown()
+
+
+async def test_idempotency_key_in_batch_and_concurrent(store):
+    a = store.put_messages("T", [Message("T", b"1", idempotency_key="dup")], 0)
+    b = store.put_messages("T", [Message("T", b"2", idempotency_key="dup")], 0)
+    ra, rb = await asyncio.gather(a, b)
+    assert ra == rb and store.max_offset("T", 0) == 1
+    batch = await store.put_messages("T", [Message("T", b"x", idempotency_key="n1"),
+                                           Message("T", b"y", idempotency_key="n1")], 0)
+    assert batch[0] == batch[1] and store.max_offset("T", 0) == 2
+
+
+async def test_bad_input_precise_errors_nothing_stored(store):
+    await store.put_messages("T", [Message("T", b"ok")], 0)
+    before = store.commit_log.max_offset
+    cases = [
+        (lambda: store.put_messages("T", [Message("T", b"x" * (16 * 1024 + 1))], 0),
+         BrokerCode.MESSAGE_TOO_LARGE),
+        (lambda: store.put_messages("bad/topic", [Message("bad/topic", b"x")], 0), BrokerCode.INVALID_TOPIC),
+        (lambda: store.put_messages("RMQ_SYS_CONSUMER_OFFSETS", [Message("RMQ_SYS_CONSUMER_OFFSETS", b"{}")]),
+         BrokerCode.INVALID_TOPIC),
+        (lambda: store.put_messages("T", [Message("T", b"x")], 99), BrokerCode.QUEUE_NOT_EXIST),
+        (lambda: store.put_messages("T", [Message("T", b"ok"), Message("T", b"x" * 20000)], 0),
+         BrokerCode.MESSAGE_TOO_LARGE),
+        (lambda: store.put_messages("T", [], 0), BrokerCode.INVALID_REQUEST),
+    ]
+    for call, code in cases:
+        with pytest.raises(BrokerError) as ei:
+            await call()
+        assert ei.value.code == code, ei.value
+    assert store.commit_log.max_offset == before and store.max_offset("T", 0) == 1
+    for call, code in [(lambda: store.get_messages("T", 0, 5, 1), BrokerCode.OFFSET_OUT_OF_RANGE),
+                       (lambda: store.get_messages("T", 9, 0, 1), BrokerCode.QUEUE_NOT_EXIST),
+                       (lambda: store.get_messages("Nope", 0, 0, 1), BrokerCode.TOPIC_NOT_EXIST),
+                       (lambda: store.look_message_by_offset(10**12), BrokerCode.MESSAGE_NOT_FOUND)]:
+        with pytest.raises(BrokerError) as ei:
+            call()
+        assert ei.value.code == code
+    with pytest.raises(BrokerError) as ei:
+        store.get_messages("T", 0, 5, 1)
+    assert ei.value.extra == {"minOffset": 0, "maxOffset": 1}
+
+
+def _data_file_of(store: DefaultMessageStore, phys: int) -> tuple[str, int]:
+    files = store.commit_log.files if not store.dledger else store.commit_log.dstore.data_file_list
+    mf = files.find_file(phys)
+    return mf.path, phys - mf.file_from_offset
+
+
+def _flip_byte(path: str, at: int) -> None:
+    """Flip one byte behind the store's back (the file and the store's mmap share the page cache)."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+async def test_corrupted_stored_bytes_detected_others_intact(store):
+    res = await store.put_messages("T", [Message("T", b"body-%d" % i) for i in range(3)], 0)
+    _flip_byte(*_data_file_of(store, res[1].commit_log_offset + 88 + 2))
+    got = store.get_messages("T", 0, 0, 3)
+    assert [m.body for m in got.messages] == [b"body-0"] and got.next_offset == 1
+    with pytest.raises(BrokerError) as ei:
+        store.get_messages("T", 0, 1, 3)
+    assert ei.value.code == BrokerCode.MESSAGE_CORRUPTED and str(res[1].commit_log_offset) in ei.value.detail
+    assert store.get_messages("T", 0, 2, 3).messages[0].body == b"body-2"
+    with pytest.raises(BrokerError):
+        store.look_message_by_offset(res[1].commit_log_offset)
+    assert (await store.put_messages("T", [Message("T", b"after")], 0))[0].queue_offset == 3
+
+
+async def test_roll_over_files(store):
+    big = b"z" * 5000
+    res = []
+    for i in range(30):  # 30 x ~5 KB over 64 KB files: several roll-overs
+        res += await store.put_messages("T", [Message("T", big + b"%d" % i)], 3)
+    assert [r.queue_offset for r in res] == list(range(30))
+    got = store.get_messages("T", 3, 0, 30, max_bytes=10**9)
+    assert [m.body[-2:].lstrip(b"z") for m in got.messages] == [b"%d" % i for i in range(30)]
+    assert [m.commit_log_offset for m in got.messages] == [r.commit_log_offset for r in res]
+
+
+CHILD = textwrap.dedent("""
+    import asyncio, sys
+    sys.path.insert(0, {root!r})
+    from tests.integration.test_broker_store import make_config, open_store
+    from broker.message import Message
+
+    async def main():
+        store = await open_store(make_config({mode!r}, {root_dir!r}, {port!r}))
+        await store.offsets.commit("g", "K", 0, 7)
+        print("ready", flush=True)
+        i = 0
+        while True:
+            r = await store.put_messages("K", [Message("K", b"k%d" % i)], i % 2)
+            print("acked", i, r[0].queue_id, r[0].queue_offset, flush=True)
+            i += 1
+
+    asyncio.run(main())
+""")
+
+
+def _produce_in_child_then_sigkill(code: str, count: int) -> list[tuple[int, int, int]]:
+    """Run a producing store in a child process, SIGKILL it after `count` acks; the acks."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    acked: list[tuple[int, int, int]] = []
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and len(acked) < count:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("acked"):
+                _, i, q, o = line.split()
+                acked.append((int(i), int(q), int(o)))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert len(acked) >= count, "child did not produce"
+    return acked
+
+
+async def test_recovery_after_sigkill(mode, tmp_path):
+    port = free_port()
+    cfg = make_config(mode, tmp_path, port)
+    acked = _produce_in_child_then_sigkill(CHILD.format(root=ROOT, mode=mode, root_dir=str(tmp_path),
+                                                         port=port), 150)
+    s = await open_store(cfg)
+    try:
+        for q in (0, 1):
+            mine = [(i, o) for i, qq, o in acked if qq == q]
+            got = s.get_messages("K", q, 0, 1024, max_bytes=10**9)
+            bodies = [m.body for m in got.messages]
+            assert [m.queue_offset for m in got.messages] == list(range(len(bodies)))
+            assert bodies[:len(mine)] == [b"k%d" % i for i, _ in mine]  # every acked message, in order
+        assert s.offsets.query("g", "K", 0) == 7
+        r = await s.put_messages("K", [Message("K", b"after")], 0)
+        assert r[0].queue_offset == s.max_offset("K", 0) - 1
+    finally:
+        await s.shutdown()
