@@ -98,6 +98,8 @@ def parse_offsets_json(text: str, option: str) -> Offsets:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise OffsetSpecError(f"{option}: not 'earliest', 'latest' or valid JSON ({exc.msg})") from exc
+    except RecursionError as exc:  # json's scanner recurses per nesting level
+        raise OffsetSpecError(f"{option}: JSON nested too deeply") from exc
     if not isinstance(doc, dict):
         raise OffsetSpecError(f"{option}: JSON must be an object {{topic: {{'broker:queueId': offset}}}}")
     out: Offsets = {}
