@@ -145,7 +145,8 @@ class FaultCluster:
     def __init__(self, workdir: Path, history: History, *, size: int = 3, flush_disk_type: str = "SYNC_FLUSH",
                  unsafe_ack: bool = False, record_fsync: bool = False,
                  conf_overrides: dict[str, Any] | None = None,
-                 member_overrides: dict[str, dict[str, Any]] | None = None, seed: int = 0) -> None:
+                 member_overrides: dict[str, dict[str, Any]] | None = None,
+                 dledger_overrides: dict[str, Any] | None = None, seed: int = 0) -> None:
         self.workdir = workdir
         self.history = history
         self.flush_disk_type = flush_disk_type
@@ -153,6 +154,7 @@ class FaultCluster:
         self.record_fsync = record_fsync
         self.conf_overrides = dict(conf_overrides or {})
         self.member_overrides = dict(member_overrides or {})
+        self.dledger_overrides = dict(dledger_overrides or {})
         self.rng = random.Random(seed)
         n_links = size * (size - 1)
         ports = free_ports(2 + 2 * size + n_links)
@@ -241,6 +243,7 @@ class FaultCluster:
             opts.append(f"--fsync-record={m.fsync_record}")
         if self.unsafe_ack:
             opts.append("--unsafe-ack")
+        opts += [f"--dledger={k}={v}" for k, v in self.dledger_overrides.items()]
         m.proc = self._spawn(["-m", "tests.fault.launch", *opts, "--", "broker", "-c", str(m.conf_path)],
                              m.log_path)
         m.incarnation += 1

@@ -13,6 +13,8 @@ instrumentation switched on, without any test code in the production modules.
     Sets `DLedgerConfig.unsafe_ack_before_quorum = True` on every config the process builds: the
     debug switch that acks before quorum/fsync, used by the self-test that proves the checkers
     can fail.
+--dledger FIELD=VALUE
+    Any other DLedgerConfig field the broker config does not expose (flush_file_interval_ms...).
 """
 
 from __future__ import annotations
@@ -49,15 +51,33 @@ def install_fsync_recorder(record_path: str) -> None:
     file_list.MmapFileList.mark_flushed = staticmethod(mark_flushed)  # type: ignore[method-assign]
 
 
-def install_unsafe_ack() -> None:
-    """Force `unsafe_ack_before_quorum` on every DLedgerConfig built in this process."""
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`field=value` strings → typed values, by the type of the DLedgerConfig field's default.
+    Raises ValueError naming an unknown field or a bad value."""
+    from dledger.config import DLedgerConfig
+
+    defaults = DLedgerConfig()
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not hasattr(defaults, name):
+            raise ValueError(f"--dledger {item!r}: expected FIELD=VALUE with a DLedgerConfig field")
+        kind = type(getattr(defaults, name))
+        out[name] = raw.lower() in ("1", "true", "yes") if kind is bool else kind(raw)
+    return out
+
+
+def install_dledger_overrides(overrides: dict[str, Any]) -> None:
+    """Force the given fields on every DLedgerConfig built in this process (after the broker's
+    own mapping), e.g. unsafe_ack_before_quorum=True or flush_file_interval_ms=1000."""
     from dledger import config as dconfig
 
     original_init = dconfig.DLedgerConfig.__init__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
-        self.unsafe_ack_before_quorum = True
+        for name, value in overrides.items():
+            setattr(self, name, value)
 
     dconfig.DLedgerConfig.__init__ = __init__  # type: ignore[method-assign]
 
@@ -72,12 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tests.fault.launch")
     p.add_argument("--fsync-record")
     p.add_argument("--unsafe-ack", action="store_true")
+    p.add_argument("--dledger", action="append", default=[], metavar="FIELD=VALUE")
     opts = p.parse_args(argv[:split])
     module, *rest = argv[split + 1:]
     if opts.fsync_record:
         install_fsync_recorder(opts.fsync_record)
+    overrides = parse_overrides(opts.dledger)
     if opts.unsafe_ack:
-        install_unsafe_ack()
+        overrides["unsafe_ack_before_quorum"] = True
+    if overrides:
+        install_dledger_overrides(overrides)
     sys.argv = [module, *rest]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0
