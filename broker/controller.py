@@ -39,6 +39,7 @@ class BrokerController:
                 dconf.validate()
                 dledger_server = DLedgerServer(dconf)
             self.server = dledger_server
+        self.dledger_server = self.server  # the name the HTTP context looks for
         self.store = DefaultMessageStore(config, self.server)
         self.role_changes = 0  # exported as a metric by the HTTP layer
         self.term = -1
