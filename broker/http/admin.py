@@ -82,6 +82,7 @@ def build_router(ctx: HttpContext) -> APIRouter:
         ctx.authorize(request.headers, admin=True)
         ctx.require_master()
         await ctx.store.topics.create_or_update(topic, body.readQueueNums, body.writeQueueNums, body.perm)
+        ctx.topics_changed()
         return topic_doc(topic)
 
     @router.delete(
@@ -95,6 +96,7 @@ def build_router(ctx: HttpContext) -> APIRouter:
         ctx.authorize(request.headers, admin=True)
         ctx.require_master()
         await ctx.store.topics.delete(topic)
+        ctx.topics_changed()
         return {"deleted": topic}
 
     @router.get(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from broker.errors import BrokerCode, BrokerError
@@ -36,6 +37,15 @@ class HttpContext:
         self.request_limit_bytes = max(8 * 1024 * 1024, mms * 4 // 3 + _REQUEST_OVERHEAD_BYTES)
         self.born_host = self.config.broker_addr
         self.started_at = time.time()
+        self._topic_listeners: list[Callable[[], None]] = []
+
+    def on_topics_changed(self, listener: Callable[[], None]) -> None:
+        """Call `listener` when this broker's topic table changes (e.g. to re-register at once)."""
+        self._topic_listeners.append(listener)
+
+    def topics_changed(self) -> None:
+        for listener in self._topic_listeners:
+            listener()
 
     @property
     def store(self) -> Any:

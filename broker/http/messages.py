@@ -85,6 +85,7 @@ def build_router(ctx: HttpContext) -> APIRouter:
         cfg = ctx.store.topics.get(topic)
         if cfg is None:
             cfg = await ctx.store.topics.auto_create(topic)
+            ctx.topics_changed()
         if not cfg.is_writeable():
             raise BrokerError(BrokerCode.NO_PERMISSION, f"topic {topic!r} is not writable (perm={cfg.perm})")
         for i, q in enumerate(queue_ids):

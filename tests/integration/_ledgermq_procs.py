@@ -123,3 +123,36 @@ def wait_http(
             last = exc
         time.sleep(0.05)
     raise AssertionError(f"{url} not ready after {timeout_s}s: {last}")
+
+
+def start_namesrv(group: ProcessGroup, workdir: Path, name: str = "namesrv", **overrides: str) -> str:
+    """A name server from conf/namesrv.conf on a free port; returns its `host:port`."""
+    port = free_port()
+    conf = write_conf(CONF / "namesrv.conf", workdir / f"{name}.conf", {"listenPort": str(port), **overrides})
+    proc = group.start(name, "namesrv", "-c", str(conf))
+    wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
+    return f"127.0.0.1:{port}"
+
+
+def start_broker(
+    group: ProcessGroup,
+    workdir: Path,
+    src_conf: Path,
+    name: str,
+    namesrv: str | None,
+    wait: bool = True,
+    **overrides: str,
+) -> str:
+    """A broker from `src_conf` with a fresh port and store dir; returns its `host:port`."""
+    port = free_port()
+    values = {
+        "listenPort": str(port),
+        "storePathRootDir": str(workdir / f"store-{name}"),
+        "namesrvAddr": namesrv or "",
+        **overrides,
+    }
+    conf = write_conf(src_conf, workdir / f"{name}.conf", values)
+    proc = group.start(name, "broker", "-c", str(conf))
+    if wait:
+        wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
+    return f"127.0.0.1:{port}"

@@ -1,0 +1,115 @@
+"""`BrokerRegistrar`: registers a broker with every name server in `namesrvAddr`, every 30 s
+(RocketMQ's registerNameServerPeriod) and at once when `kick()` is called — on a role change or a
+topic change — so routes follow a failover without waiting for the next heartbeat."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from typing import Any
+
+import httpx
+import orjson
+
+from broker.topics import is_system_topic
+
+log = logging.getLogger(__name__)
+
+REGISTER_INTERVAL_S = 30.0
+
+
+def slave_broker_id(self_id: str, fallback: int) -> int:
+    """RocketMQ's DLedger rule: a slave's brokerId is its selfId's number + 1 (n0 → 1), so ids are
+    stable per member and never 0 (the master's)."""
+    m = re.search(r"(\d+)$", self_id or "")
+    return int(m.group(1)) + 1 if m else max(1, fallback)
+
+
+class BrokerRegistrar:
+    """Heartbeats to the name servers. Caller: the broker process (start/kick/stop)."""
+
+    def __init__(self, ctx: Any, namesrv_addrs: list[str], interval_s: float = REGISTER_INTERVAL_S) -> None:
+        self.ctx = ctx  # broker.http.context.HttpContext
+        self.namesrv_urls = [a if a.startswith("http") else f"http://{a}" for a in namesrv_addrs]
+        self.interval_s = interval_s
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._client: httpx.AsyncClient | None = None
+        self.registrations = 0
+
+    def broker_id(self) -> int:
+        cfg = self.ctx.config
+        if not cfg.enable_dleger_commit_log:
+            return cfg.broker_id
+        return 0 if self.ctx.is_master() else slave_broker_id(cfg.dleger_self_id, cfg.broker_id)
+
+    def payload(self) -> dict[str, Any]:
+        cfg = self.ctx.config
+        topics = {
+            name: {"readQueueNums": t.read_queue_nums, "writeQueueNums": t.write_queue_nums, "perm": t.perm}
+            for name, t in self.ctx.store.topics.all().items()
+            if not is_system_topic(name)
+        }
+        return {
+            "clusterName": cfg.broker_cluster_name,
+            "brokerName": cfg.broker_name,
+            "brokerId": self.broker_id(),
+            "brokerAddr": cfg.broker_addr,
+            "term": self.ctx.term(),
+            "topics": topics,
+        }
+
+    def kick(self) -> None:
+        """Register now (role or topic table changed)."""
+        self._kick.set()
+
+    def start(self) -> None:
+        if not self.namesrv_urls:
+            log.info(
+                "event=registration_disabled broker=%s reason=no namesrvAddr", self.ctx.config.broker_name
+            )
+            return
+        self._client = httpx.AsyncClient(timeout=3.0)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="namesrv-registration")
+
+    async def _run(self) -> None:
+        while True:
+            self._kick.clear()
+            await self.register_all()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self.interval_s)
+
+    async def register_all(self) -> None:
+        body = orjson.dumps(self.payload())
+        await asyncio.gather(*(self._register(url, body) for url in self.namesrv_urls))
+
+    async def _register(self, url: str, body: bytes) -> None:
+        assert self._client is not None
+        try:
+            r = await self._client.post(
+                f"{url}/brokers/register", content=body, headers={"content-type": "application/json"}
+            )
+            if r.status_code != 200:
+                log.warning(
+                    "event=register_refused namesrv=%s status=%d body=%s", url, r.status_code, r.text[:200]
+                )
+            else:
+                self.registrations += 1
+        except httpx.HTTPError as exc:
+            # A name server being down is normal (they are independent); the next beat retries.
+            log.warning("event=register_failed namesrv=%s error=%r", url, exc)
+
+    async def stop(self, unregister: bool = True) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._client is not None:
+            if unregister:
+                body = {"brokerAddr": self.ctx.config.broker_addr}
+                for url in self.namesrv_urls:
+                    with contextlib.suppress(httpx.HTTPError):
+                        await self._client.post(f"{url}/brokers/unregister", json=body, timeout=1.0)
+            await self._client.aclose()

@@ -1,0 +1,187 @@
+"""`BrokerRuntime`: one broker inside a process — controller (store + DLedger), HTTP server
+(uvicorn on the process's one event loop) and name-server registration. Used by `mqbroker` (one
+runtime) and `mqbrokercontainer` (several in one loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import uvicorn
+
+from broker.config import BrokerConfig
+from broker.http.app import create_app
+from broker.http.registration import BrokerRegistrar
+
+log = logging.getLogger(__name__)
+
+GRACEFUL_SHUTDOWN_S = 3
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the process owns SIGINT/SIGTERM and stops every
+    runtime it hosts (several servers share one loop in a container)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        yield
+
+
+class _StoreOnlyController:
+    """Local-mode controller used only while broker/controller.py has not landed (TEMPORARY)."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        from broker.store.message_store import DefaultMessageStore
+
+        self.config = config
+        self.store = DefaultMessageStore(config)
+        self.dledger_server = None
+
+    async def start(self) -> None:
+        await self.store.start()
+
+    async def shutdown(self) -> None:
+        await self.store.shutdown()
+
+
+def build_controller(config: BrokerConfig) -> Any:
+    """The BrokerController (store, DLedger server, role-change handler) for `config`."""
+    try:
+        from broker.controller import BrokerController
+    except ImportError:
+        if config.enable_dleger_commit_log:
+            raise
+        log.warning("event=controller_missing using=store-only local controller")
+        return _StoreOnlyController(config)
+    return BrokerController(config)
+
+
+class BrokerRuntime:
+    """Start/stop one broker. Caller: broker/__main__.py and broker/container.py."""
+
+    def __init__(self, config: BrokerConfig, register_interval_s: float | None = None) -> None:
+        self.config = config
+        self.controller: Any = None
+        self.app: Any = None
+        self.registrar: BrokerRegistrar | None = None
+        self.server: _Server | None = None
+        self._serve_task: asyncio.Task[None] | None = None
+        self._register_interval_s = register_interval_s
+        self._bg: set[asyncio.Task[Any]] = set()
+
+    @property
+    def name(self) -> str:
+        return self.config.broker_name
+
+    async def start(self) -> None:
+        """Start the controller, then serve HTTP, then register. Raises if any step fails (after
+        undoing the steps that succeeded)."""
+        cfg = self.config
+        self.controller = build_controller(cfg)
+        await self.controller.start()
+        try:
+            self.app = create_app(self.controller)
+            ctx = self.app.state.ctx
+            kw = {} if self._register_interval_s is None else {"interval_s": self._register_interval_s}
+            self.registrar = BrokerRegistrar(ctx, cfg.namesrv_addr_list, **kw)
+            ctx.on_topics_changed(self.registrar.kick)
+            self._watch_roles(ctx)
+            host = "127.0.0.1" if cfg.broker_ip1 in ("127.0.0.1", "localhost") else "0.0.0.0"
+            self.server = _Server(
+                uvicorn.Config(
+                    self.app,
+                    host=host,
+                    port=cfg.listen_port,
+                    loop="none",
+                    http="httptools",
+                    lifespan="off",
+                    log_level="warning",
+                    access_log=False,
+                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                    backlog=2048,
+                )
+            )
+            self._serve_task = asyncio.get_running_loop().create_task(
+                self.server.serve(), name=f"http-{self.name}"
+            )
+            while not self.server.started:
+                if self._serve_task.done():
+                    exc = self._serve_task.exception() if not self._serve_task.cancelled() else None
+                    raise RuntimeError(
+                        f"HTTP server of {self.name} did not start on port {cfg.listen_port}: {exc!r}"
+                    )
+                await asyncio.sleep(0.01)
+            self.registrar.start()
+        except BaseException:
+            await self._stop_controller()
+            raise
+        log.info(
+            "event=broker_started broker=%s addr=%s mode=%s namesrv=%s",
+            self.name,
+            cfg.broker_addr,
+            "dledger" if cfg.enable_dleger_commit_log else "local",
+            cfg.namesrv_addr,
+        )
+
+    def _watch_roles(self, ctx: Any) -> None:
+        """Re-register as soon as the broker's role flips (master ⇄ slave), not 30 s later."""
+        server = ctx.dledger
+        if server is None or not hasattr(server, "register_role_change_handler"):
+            return
+
+        def on_role_change(term: int, role: Any) -> None:
+            task = asyncio.get_running_loop().create_task(self._after_role_change(ctx, term, role))
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+
+        server.register_role_change_handler(on_role_change)
+
+    async def _after_role_change(self, ctx: Any, term: int, role: Any) -> None:
+        # The store's master flag flips only after the role-change handler has caught up the
+        # dispatcher; register once it reflects the new role (bounded wait, then register anyway).
+        want_master = str(getattr(role, "name", role)).upper().endswith("LEADER")
+        for _ in range(200):
+            if ctx.is_master() == want_master:
+                break
+            await asyncio.sleep(0.05)
+        log.info(
+            "event=role_change_register broker=%s term=%d role=%s master=%s",
+            self.name,
+            term,
+            getattr(role, "name", role),
+            ctx.is_master(),
+        )
+        if self.registrar is not None:
+            self.registrar.kick()
+
+    def request_stop(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+
+    async def wait(self) -> None:
+        """Until the HTTP server stops (request_stop or a fatal error)."""
+        if self._serve_task is not None:
+            await asyncio.shield(self._serve_task)
+
+    async def stop(self) -> None:
+        """Graceful: stop accepting, finish requests (bounded), unregister, shut the store."""
+        self.request_stop()
+        if self._serve_task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await self._serve_task
+        for task in list(self._bg):
+            task.cancel()
+        if self.registrar is not None:
+            await self.registrar.stop()
+        await self._stop_controller()
+        log.info("event=broker_stopped broker=%s", self.name)
+
+    async def _stop_controller(self) -> None:
+        if self.controller is not None:
+            try:
+                await self.controller.shutdown()
+            except Exception:
+                log.exception("event=broker_shutdown_failed broker=%s", self.name)
+            self.controller = None

@@ -1,0 +1,125 @@
+"""DLedgerCommitLog on a real 3-member group (three stores in one loop, real TCP between them):
+the append hook stamps every message's physical offset, on every member, across data-file
+roll-over; slaves' consume queues equal the master's once caught up."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+
+import pytest
+
+from broker.config import BrokerConfig
+from broker.errors import BrokerCode, BrokerError
+from broker.message import PHY_POS_POSITION, Message, decode_message
+from tests.integration.test_broker_store import free_port
+
+pytest.importorskip("dledger.server")
+
+ENTRY_HEADER = struct.Struct(">iiqqqiiii")
+DATA_FILE_SIZE = 8 * 1024  # tiny DLedger data files: many roll-overs
+
+
+def member_configs(root) -> list[BrokerConfig]:
+    ports = [free_port() for _ in range(3)]
+    peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(ports))
+    return [BrokerConfig(store_path_root_dir=str(root / f"n{i}"), enable_dleger_commit_log=True,
+                         dleger_group="broker-a", dleger_peers=peers, dleger_self_id=f"n{i}",
+                         mapped_file_size_commit_log=DATA_FILE_SIZE, mapped_file_size_consume_queue=20 * 64,
+                         listen_port=20000 + i, default_topic_queue_nums=2)
+            for i in range(3)]
+
+
+@pytest.fixture
+async def group(tmp_path):
+    from broker.controller import BrokerController
+
+    ctls = [BrokerController(c) for c in member_configs(tmp_path)]
+    await asyncio.gather(*(c.start() for c in ctls))
+    yield ctls
+    await asyncio.gather(*(c.shutdown() for c in ctls), return_exceptions=True)
+
+
+async def wait_for(pred, timeout_s=15.0, what="condition"):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not pred():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def walk_data_files(data_dir: str) -> list[tuple[int, int, bytes]]:
+    """(entry pos, magic, body) of every entry in the DLedger data files, read from disk."""
+    out = []
+    for name in sorted(os.listdir(data_dir)):
+        start = int(name)
+        raw = open(os.path.join(data_dir, name), "rb").read()
+        off = 0
+        while off + 8 <= len(raw):
+            magic, size = struct.unpack_from(">ii", raw, off)
+            if magic == -1:  # blank record: rest of the file
+                break
+            if magic == 0 and size == 0:
+                break
+            body_len = ENTRY_HEADER.unpack_from(raw, off)[8]
+            assert ENTRY_HEADER.unpack_from(raw, off)[4] == start + off  # entry pos field
+            out.append((start + off, magic, raw[off + 48:off + 48 + body_len]))
+            off += size
+    return out
+
+
+async def test_hook_stamps_physical_offset_on_all_members_across_roll_over(group):
+    await wait_for(lambda: any(c.is_master for c in group), what="a master")
+    master = next(c for c in group if c.is_master)
+    acked = []
+    for i in range(60):  # ~300-900 byte messages over 8 KB files, single puts and batches
+        n = 1 + i % 4
+        msgs = [Message("Hook", (b"m%d-%d-" % (i, j)) * (20 + i % 30), tags="t") for j in range(n)]
+        acked += await master.store.put_messages("Hook", msgs, i % 2)
+    end = master.store.commit_log.max_offset
+    for c in group:
+        await wait_for(lambda c=c: c.store.reput_offset >= acked[-1].commit_log_offset, what="catch up")
+    for c in group:
+        data_dir = c.store.commit_log.dstore.config.data_store_path()
+        files = os.listdir(data_dir)
+        assert len(files) > 5, f"expected roll-over, got {len(files)} data files"
+        stamped = {}
+        for pos, magic, body in walk_data_files(data_dir):
+            if magic != 1 or pos + 48 + len(body) > end:
+                continue
+            phys = struct.unpack_from(">q", body, PHY_POS_POSITION)[0]
+            assert phys == pos + 48, f"{c.config.dleger_self_id}: stamped {phys}, bytes start at {pos + 48}"
+            stamped[phys] = decode_message(body, phys)
+        for r in acked:
+            m = stamped[r.commit_log_offset]
+            assert (m.queue_id, m.queue_offset) == (r.queue_id, r.queue_offset)
+    # every member: consume queues hold the same units as the master's
+    for q in (0, 1):
+        units = master.store.consume_queues[("Hook", q)].get_units(0, 1000)
+        assert [u[0] for u in units] == [r.commit_log_offset for r in acked if r.queue_id == q]
+        for c in group:
+            n = len(units)
+            await wait_for(lambda c=c, q=q, n=n: c.store.max_offset("Hook", q) == n, what="slave cq")
+            assert c.store.consume_queues[("Hook", q)].get_units(0, 1000) == units
+
+
+async def test_slaves_refuse_writes_and_share_offsets(group):
+    await wait_for(lambda: any(c.is_master for c in group), what="a master")
+    master = next(c for c in group if c.is_master)
+    slaves = [c for c in group if not c.is_master]
+    await master.store.offsets.commit("g", "T", 0, 5)
+    await master.store.put_messages("T", [Message("T", b"x")], 0)
+    for s in slaves:
+        await wait_for(lambda s=s: s.store.offsets.query("g", "T", 0) == 5, what="offset replicated")
+        await wait_for(lambda s=s: s.master_addr == master.config.broker_addr, what="master addr known")
+        assert s.broker_id == int(s.config.dleger_self_id[1:]) + 1
+        with pytest.raises(BrokerError) as ei:
+            await s.store.put_messages("T", [Message("T", b"y")], 0)
+        assert ei.value.code == BrokerCode.NOT_MASTER
+        assert ei.value.extra["masterAddr"] == master.config.broker_addr
+        with pytest.raises(BrokerError) as ei:
+            await s.store.offsets.commit("g", "T", 0, 6)
+        assert ei.value.code == BrokerCode.NOT_MASTER
+        assert s.store.get_messages("T", 0, 0, 10).messages[0].body == b"x"
+    assert master.broker_id == 0 and master.status()["role"] == "MASTER"
