@@ -105,10 +105,8 @@ class HttpContext:
         }
 
     def broker_id(self) -> int:
-        fn = getattr(self.controller, "broker_id", None)
-        if fn is not None:
-            return int(fn() if callable(fn) else fn)
-        return 0 if self.is_master() else int(self.config.broker_id or 1)
+        # The controller's id follows the role in DLedger mode (0 = master, slaves selfId + 1).
+        return int(self.controller.broker_id)
 
     # -- access control --------------------------------------------------------------------------
     def authorize(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from typing import Any
 
 import httpx
@@ -18,13 +17,6 @@ from broker.topics import is_system_topic
 log = logging.getLogger(__name__)
 
 REGISTER_INTERVAL_S = 30.0
-
-
-def slave_broker_id(self_id: str, fallback: int) -> int:
-    """RocketMQ's DLedger rule: a slave's brokerId is its selfId's number + 1 (n0 → 1), so ids are
-    stable per member and never 0 (the master's)."""
-    m = re.search(r"(\d+)$", self_id or "")
-    return int(m.group(1)) + 1 if m else max(1, fallback)
 
 
 class BrokerRegistrar:
@@ -40,10 +32,7 @@ class BrokerRegistrar:
         self.registrations = 0
 
     def broker_id(self) -> int:
-        cfg = self.ctx.config
-        if not cfg.enable_dleger_commit_log:
-            return cfg.broker_id
-        return 0 if self.ctx.is_master() else slave_broker_id(cfg.dleger_self_id, cfg.broker_id)
+        return self.ctx.broker_id()
 
     def payload(self) -> dict[str, Any]:
         cfg = self.ctx.config

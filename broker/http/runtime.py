@@ -29,32 +29,10 @@ class _Server(uvicorn.Server):
         yield
 
 
-class _StoreOnlyController:
-    """Local-mode controller used only while broker/controller.py has not landed (TEMPORARY)."""
-
-    def __init__(self, config: BrokerConfig) -> None:
-        from broker.store.message_store import DefaultMessageStore
-
-        self.config = config
-        self.store = DefaultMessageStore(config)
-        self.dledger_server = None
-
-    async def start(self) -> None:
-        await self.store.start()
-
-    async def shutdown(self) -> None:
-        await self.store.shutdown()
-
-
 def build_controller(config: BrokerConfig) -> Any:
     """The BrokerController (store, DLedger server, role-change handler) for `config`."""
-    try:
-        from broker.controller import BrokerController
-    except ImportError:
-        if config.enable_dleger_commit_log:
-            raise
-        log.warning("event=controller_missing using=store-only local controller")
-        return _StoreOnlyController(config)
+    from broker.controller import BrokerController
+
     return BrokerController(config)
 
 
@@ -69,7 +47,6 @@ class BrokerRuntime:
         self.server: _Server | None = None
         self._serve_task: asyncio.Task[None] | None = None
         self._register_interval_s = register_interval_s
-        self._bg: set[asyncio.Task[Any]] = set()
 
     @property
     def name(self) -> str:
@@ -126,35 +103,19 @@ class BrokerRuntime:
         )
 
     def _watch_roles(self, ctx: Any) -> None:
-        """Re-register as soon as the broker's role flips (master ⇄ slave), not 30 s later."""
-        server = ctx.dledger
-        if server is None or not hasattr(server, "register_role_change_handler"):
+        """Re-register as soon as the broker's role flips (master ⇄ slave), not 30 s later. The
+        controller calls listeners after the store's role flag changed."""
+        add = getattr(self.controller, "add_role_listener", None)
+        if add is None:
             return
 
-        def on_role_change(term: int, role: Any) -> None:
-            task = asyncio.get_running_loop().create_task(self._after_role_change(ctx, term, role))
-            self._bg.add(task)
-            task.add_done_callback(self._bg.discard)
+        def on_role_change(controller: Any) -> None:
+            log.info("event=role_change_register broker=%s role=%s brokerId=%s", self.name,
+                     "MASTER" if ctx.is_master() else "SLAVE", ctx.broker_id())
+            if self.registrar is not None:
+                self.registrar.kick()
 
-        server.register_role_change_handler(on_role_change)
-
-    async def _after_role_change(self, ctx: Any, term: int, role: Any) -> None:
-        # The store's master flag flips only after the role-change handler has caught up the
-        # dispatcher; register once it reflects the new role (bounded wait, then register anyway).
-        want_master = str(getattr(role, "name", role)).upper().endswith("LEADER")
-        for _ in range(200):
-            if ctx.is_master() == want_master:
-                break
-            await asyncio.sleep(0.05)
-        log.info(
-            "event=role_change_register broker=%s term=%d role=%s master=%s",
-            self.name,
-            term,
-            getattr(role, "name", role),
-            ctx.is_master(),
-        )
-        if self.registrar is not None:
-            self.registrar.kick()
+        add(on_role_change)
 
     def request_stop(self) -> None:
         if self.server is not None:
@@ -171,8 +132,6 @@ class BrokerRuntime:
         if self._serve_task is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await self._serve_task
-        for task in list(self._bg):
-            task.cancel()
         if self.registrar is not None:
             await self.registrar.stop()
         await self._stop_controller()
