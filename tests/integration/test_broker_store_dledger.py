@@ -121,5 +121,6 @@ async def test_slaves_refuse_writes_and_share_offsets(group):
         with pytest.raises(BrokerError) as ei:
             await s.store.offsets.commit("g", "T", 0, 6)
         assert ei.value.code == BrokerCode.NOT_MASTER
+        await wait_for(lambda s=s: s.store.max_offset("T", 0) == 1, what="slave dispatch")
         assert s.store.get_messages("T", 0, 0, 10).messages[0].body == b"x"
     assert master.broker_id == 0 and master.status()["role"] == "MASTER"
