@@ -1,0 +1,326 @@
+"""`EntryDispatcher`: the leader's replication loop for one follower.
+
+States (DLedger's): COMPARE → (TRUNCATE) → APPEND. After every leader change, COMPARE walks back
+from the leader's end index to the last entry the follower holds identically, TRUNCATE makes that
+entry the follower's last (cutting a stale tail), and APPEND streams batches of consecutive entries
+(up to `max_batch_push_count` / `max_batch_push_size` bytes) with up to `max_pending_push_batches`
+batches in flight. Each batch names the entry before it (prev index/term, Raft §5.3), so a
+follower never appends after a mismatch. A batch without an answer for `max_push_time_out_ms`, or a
+network error, resends everything from the follower's watermark; INCONSISTENT_STATE goes back to
+COMPARE. With nothing to send the dispatcher pushes COMMIT (the commit index) when it moved, and at
+least once a second. A follower further behind than `peer_push_throttle_point` bytes gets at most
+`peer_push_quota` bytes per second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from dledger.codes import DLedgerException, DLedgerResponseCode
+from dledger.entry import DLedgerEntry
+from dledger.rpc.protocol import PushEntryRequest, PushEntryResponse, PushType
+
+if TYPE_CHECKING:
+    from dledger.pusher import DLedgerEntryPusher
+
+log = logging.getLogger("dledger.dispatcher")
+
+_COMMIT_INTERVAL_S = 1.0
+_NETWORK_BACKOFF_S = 0.1
+
+
+class DispatchState(str, Enum):  # noqa: UP042
+    COMPARE = "COMPARE"
+    APPEND = "APPEND"
+
+
+class EntryDispatcher:
+    """Pushes the leader's log to one follower (runs as one task; responses arrive as tasks)."""
+
+    def __init__(self, pusher: DLedgerEntryPusher, peer_id: str) -> None:
+        self.pusher = pusher
+        self.ms = pusher.ms
+        self.config = pusher.config
+        self.peer_id = peer_id
+        self.term = -1
+        self.state = DispatchState.COMPARE
+        self.write_index = 0
+        self.match_index = -1
+        self.prev_index = -1
+        self.prev_term = -1
+        self.inflight: dict[int, float] = {}  # first index of batch -> send time
+        self.generation = 0
+        self.last_commit_sent = -1
+        self.last_push_time = 0.0
+        self.backoff_until = 0.0
+        self.quota_window = 0.0
+        self.quota_bytes = 0
+        self.wake = asyncio.Event()
+        self.timeout_s = self.config.max_push_time_out_ms / 1000
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _request(self, ptype: PushType, entries: list[DLedgerEntry]) -> PushEntryRequest:
+        ms = self.ms
+        return PushEntryRequest(
+            group=ms.group,
+            remote_id=self.peer_id,
+            local_id=ms.self_id,
+            leader_id=ms.self_id,
+            term=self.term,
+            type=int(ptype),
+            commit_index=self.pusher.store.committed_index,
+            prev_index=self.prev_index,
+            prev_term=self.prev_term,
+            entries=entries,
+        )
+
+    async def _wait(self, timeout_s: float | None) -> None:
+        if timeout_s is None or timeout_s > 0:
+            handle = None
+            if timeout_s is not None:
+                handle = asyncio.get_running_loop().call_later(timeout_s, self.wake.set)
+            await self.wake.wait()
+            if handle is not None:
+                handle.cancel()
+        self.wake.clear()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                if not self.ms.is_leader() or not self.config.enable_push_to_follower:
+                    await self._wait(None)
+                    continue
+                if self.term != self.ms.curr_term or self.pusher.term != self.ms.curr_term:
+                    self._reset(self.ms.curr_term)
+                if self.state == DispatchState.COMPARE:
+                    await self._compare_and_truncate()
+                    continue
+                now = self.pusher.clock()
+                if now < self.backoff_until:
+                    await self._wait(self.backoff_until - now)
+                    continue
+                self._check_timeout(now)
+                wait_s = self._fill_pipeline(now)
+                await self._wait(wait_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(
+                    "dispatcher error group=%s selfId=%s peer=%s",
+                    self.ms.group,
+                    self.ms.self_id,
+                    self.peer_id,
+                )
+                self.state = DispatchState.COMPARE
+                await asyncio.sleep(_NETWORK_BACKOFF_S)
+
+    def _reset(self, term: int) -> None:
+        self.term = term
+        self.state = DispatchState.COMPARE
+        self.generation += 1
+        self.inflight.clear()
+        self.match_index = -1
+        self.last_commit_sent = -1
+
+    # -- COMPARE / TRUNCATE ---------------------------------------------------------------
+    async def _push_one(self, ptype: PushType, entry: DLedgerEntry) -> PushEntryResponse | None:
+        req = self._request(ptype, [entry])
+        try:
+            resp = await self.pusher.rpc.push(self.peer_id, req, self.timeout_s)
+        except DLedgerException:
+            await asyncio.sleep(_NETWORK_BACKOFF_S)
+            return None
+        if resp.term > self.term:
+            if self.pusher.elector is not None:
+                self.pusher.elector.on_higher_term(resp.term, f"push answer of {self.peer_id}")
+            return None
+        return resp
+
+    async def _compare_and_truncate(self) -> None:
+        """Find the last index where the follower agrees with us, then make it the follower's end."""
+        store = self.pusher.store
+        term = self.term
+        compare_index = store.ledger_end_index
+        while True:
+            if not self.ms.is_leader() or self.ms.curr_term != term:
+                return
+            if compare_index < store.ledger_begin_index or compare_index < 0:
+                # Nothing in common (or the follower's log is empty): start at our begin index.
+                match, truncate_needed = store.ledger_begin_index - 1, True
+                break
+            resp = await self._push_one(PushType.COMPARE, self.pusher.get_entry(compare_index))
+            if resp is None:
+                continue
+            if self.term != term:
+                return
+            if resp.code == DLedgerResponseCode.SUCCESS:
+                match, truncate_needed = compare_index, resp.end_index != compare_index
+                break
+            if resp.code != DLedgerResponseCode.INCONSISTENT_STATE:
+                log.warning(
+                    "compare at %d answered %s by %s",
+                    compare_index,
+                    DLedgerResponseCode.value_of(resp.code).name,
+                    self.peer_id,
+                )
+                await asyncio.sleep(_NETWORK_BACKOFF_S)
+                continue
+            if resp.end_index < 0:
+                match, truncate_needed = -1, False
+                break
+            if resp.end_index < store.ledger_begin_index or resp.begin_index > store.ledger_end_index:
+                compare_index = -1
+            elif compare_index > resp.end_index:
+                compare_index = resp.end_index
+            else:
+                compare_index -= 1
+        if truncate_needed:
+            truncate_index = max(match, store.ledger_begin_index, 0)
+            if truncate_index > store.ledger_end_index:
+                return
+            resp = await self._push_one(PushType.TRUNCATE, self.pusher.get_entry(truncate_index))
+            if resp is None or resp.code != DLedgerResponseCode.SUCCESS or self.term != term:
+                return
+            match = truncate_index
+            log.info(
+                "truncated follower group=%s selfId=%s peer=%s term=%d at %d",
+                self.ms.group,
+                self.ms.self_id,
+                self.peer_id,
+                term,
+                match,
+            )
+        self.match_index = match
+        self.pusher.update_peer_water_mark(term, self.peer_id, match)
+        self._restart_from(match)
+        self.state = DispatchState.APPEND
+        log.info(
+            "dispatcher APPEND group=%s selfId=%s peer=%s term=%d from %d",
+            self.ms.group,
+            self.ms.self_id,
+            self.peer_id,
+            term,
+            match + 1,
+        )
+
+    def _restart_from(self, match: int) -> None:
+        self.generation += 1
+        self.inflight.clear()
+        self.write_index = match + 1
+        self.prev_index = match
+        self.prev_term = self.pusher.get_entry(match).term if match >= 0 else -1
+
+    # -- APPEND ---------------------------------------------------------------------------
+    def _check_timeout(self, now: float) -> None:
+        if self.inflight and next(iter(self.inflight.values())) + self.timeout_s <= now:
+            log.info(
+                "push timeout group=%s selfId=%s peer=%s: resend from %d",
+                self.ms.group,
+                self.ms.self_id,
+                self.peer_id,
+                self.match_index + 1,
+            )
+            self._restart_from(self.match_index)
+
+    def _throttled(self, now: float, entry: DLedgerEntry) -> float | None:
+        """Seconds to wait if this far-behind follower used up its quota for the current second."""
+        if self.pusher.leader_end_pos - entry.pos <= self.config.peer_push_throttle_point:
+            return None
+        if now - self.quota_window >= 1.0:
+            self.quota_window, self.quota_bytes = now, 0
+        if self.quota_bytes >= self.config.peer_push_quota:
+            return self.quota_window + 1.0 - now
+        return None
+
+    def _fill_pipeline(self, now: float) -> float | None:
+        """Send what fits in the pipeline; return how long to wait before looking again."""
+        pusher = self.pusher
+        end = pusher.store.ledger_end_index
+        max_count = self.config.max_batch_push_count if self.config.enable_batch_push else 1
+        max_bytes = self.config.max_batch_push_size
+        while self.write_index <= end and len(self.inflight) < self.config.max_pending_push_batches:
+            first_entry = pusher.get_entry(self.write_index)
+            wait_s = self._throttled(now, first_entry)
+            if wait_s is not None:
+                return wait_s
+            entries = [first_entry]
+            size = first_entry.size
+            i = self.write_index + 1
+            while i <= end and len(entries) < max_count and size < max_bytes:
+                e = pusher.get_entry(i)
+                entries.append(e)
+                size += e.size
+                i += 1
+            self.quota_bytes += size
+            req = self._request(PushType.APPEND, entries)
+            self.prev_index, self.prev_term = entries[-1].index, entries[-1].term
+            self.inflight[self.write_index] = now
+            self.write_index = i
+            self._send(req)
+        committed = pusher.store.committed_index
+        if not self.inflight and (
+            committed > self.last_commit_sent or now - self.last_push_time >= _COMMIT_INTERVAL_S
+        ):
+            self._send(self._request(PushType.COMMIT, []))
+            self.last_commit_sent = committed
+        deadlines = [_COMMIT_INTERVAL_S]
+        if self.inflight:
+            deadlines.append(next(iter(self.inflight.values())) + self.timeout_s - now)
+        return max(min(deadlines), 0.001)
+
+    def _send(self, req: PushEntryRequest) -> None:
+        self.last_push_time = self.pusher.clock()
+        task = asyncio.get_running_loop().create_task(self._send_and_handle(req, self.generation))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_and_handle(self, req: PushEntryRequest, generation: int) -> None:
+        first = req.entries[0].index if req.entries else -1
+        try:
+            resp = await self.pusher.rpc.push(self.peer_id, req, self.timeout_s)
+        except DLedgerException as exc:
+            if req.term != self.ms.curr_term or not self.ms.is_leader():
+                return
+            if generation == self.generation and req.type == PushType.APPEND:
+                if exc.code != DLedgerResponseCode.TIMEOUT:
+                    self.backoff_until = self.pusher.clock() + _NETWORK_BACKOFF_S
+                self._restart_from(self.match_index)
+                self.wake.set()
+            return
+        if resp.term > self.term:
+            if self.pusher.elector is not None:
+                self.pusher.elector.on_higher_term(resp.term, f"push answer of {self.peer_id}")
+            return
+        if req.term != self.term:
+            return
+        code = resp.code
+        if code == DLedgerResponseCode.SUCCESS:
+            if self.pusher.elector is not None:
+                self.pusher.elector.on_peer_ack(self.peer_id)
+            if req.type == PushType.APPEND:
+                if resp.index > self.match_index:
+                    self.match_index = resp.index
+                if generation == self.generation:
+                    self.inflight.pop(first, None)
+                self.pusher.update_peer_water_mark(self.term, self.peer_id, resp.index)
+                self.wake.set()
+            return
+        if code == DLedgerResponseCode.REPEATED_PUSH or generation != self.generation:
+            return
+        log.info(
+            "push %s..%d answered %s by %s group=%s selfId=%s term=%d: back to COMPARE",
+            first,
+            req.entries[-1].index if req.entries else -1,
+            DLedgerResponseCode.value_of(code).name,
+            self.peer_id,
+            self.ms.group,
+            self.ms.self_id,
+            self.term,
+        )
+        self.state = DispatchState.COMPARE
+        self.generation += 1
+        self.inflight.clear()
+        self.wake.set()

@@ -1,0 +1,275 @@
+"""`EntryHandler`: the follower side of replication.
+
+Pushes are first checked against the member state (term, leader) by the elector, which also
+counts any push as a sign of life from the leader. Then:
+
+- APPEND batches are applied strictly in index order. A batch that arrives before the one it
+  follows (reordered on the network) waits in a map keyed by its first index; a second batch for
+  the same index replaces the first, which is answered REPEATED_PUSH. A batch still waiting after
+  `max_push_time_out_ms` is answered INCONSISTENT_STATE so the leader goes back to COMPARE.
+  A batch must follow an entry with the leader's (prev index, prev term) (Raft §5.3); entries the
+  follower already holds with the same term are skipped (duplicates), a conflicting one is cut
+  together with everything after it — never at or below the commit index.
+- COMPARE answers whether we hold the leader's entry (same index, term and pos).
+- TRUNCATE makes the leader's entry our last one. A TRUNCATE that would cut an entry of the
+  leader's current term is a stale duplicate (that leader appended it after truncating) and is
+  answered SUCCESS without cutting.
+- COMMIT, and the commit index piggy-backed on every push, move our commit index (never past
+  the entries this push verified).
+
+With SYNC_FLUSH the answer to an APPEND waits for `store.wait_flushed`, so a leader counts this
+follower only for entries that are on its disk; concurrent pushes share one fsync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from dledger.codes import DLedgerException, DLedgerResponseCode
+from dledger.config import DLedgerConfig
+from dledger.member_state import MemberState
+from dledger.rpc.protocol import PushEntryRequest, PushEntryResponse, PushType
+from dledger.store.base import DLedgerStore
+
+if TYPE_CHECKING:
+    from dledger.elector import DLedgerLeaderElector
+
+log = logging.getLogger("dledger.entry_handler")
+
+
+class EntryHandler:
+    """Applies the leader's pushes to the local store."""
+
+    def __init__(
+        self,
+        config: DLedgerConfig,
+        member_state: MemberState,
+        store: DLedgerStore,
+        elector: DLedgerLeaderElector,
+        commit_listener: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self.ms = member_state
+        self.store = store
+        self.elector = elector
+        self.commit_listener = commit_listener
+        self.waiting: dict[
+            int, tuple[PushEntryRequest, asyncio.Future[PushEntryResponse], asyncio.TimerHandle]
+        ] = {}
+        self.wait_timeout_s = config.max_push_time_out_ms / 1000
+        self.max_waiting = max(2 * config.max_pending_push_batches, 8)
+
+    def _resp(self, req: PushEntryRequest, code: DLedgerResponseCode, index: int = -1) -> PushEntryResponse:
+        store = self.store
+        return PushEntryResponse(
+            group=self.ms.group,
+            remote_id=req.local_id,
+            local_id=self.ms.self_id,
+            leader_id=self.ms.leader_id or "",
+            term=self.ms.curr_term,
+            code=int(code),
+            index=index,
+            begin_index=store.ledger_begin_index,
+            end_index=store.ledger_end_index,
+        )
+
+    async def handle_push(self, req: PushEntryRequest) -> PushEntryResponse:
+        code = self.elector.accept_leader_message(req.term, req.leader_id)
+        if code != DLedgerResponseCode.SUCCESS:
+            return self._resp(req, code)
+        ptype = req.type
+        try:
+            if ptype == PushType.APPEND:
+                if not req.entries:
+                    return self._resp(req, DLedgerResponseCode.UNEXPECTED_ARGUMENT)
+                return await self._handle_append(req)
+            if ptype == PushType.COMMIT:
+                self._update_commit(req.term, req.commit_index)
+                return self._resp(req, DLedgerResponseCode.SUCCESS, self.store.ledger_end_index)
+            if len(req.entries) != 1:
+                return self._resp(req, DLedgerResponseCode.UNEXPECTED_ARGUMENT)
+            if ptype == PushType.COMPARE:
+                return self._handle_compare(req)
+            if ptype == PushType.TRUNCATE:
+                return self._handle_truncate(req)
+        except DLedgerException as exc:
+            log.warning(
+                "push type=%s from %s term=%d failed group=%s selfId=%s: %s",
+                ptype,
+                req.leader_id,
+                req.term,
+                self.ms.group,
+                self.ms.self_id,
+                exc,
+            )
+            return self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE)
+        return self._resp(req, DLedgerResponseCode.UNSUPPORTED)
+
+    def _update_commit(self, term: int, commit_index: int) -> None:
+        before = self.store.committed_index
+        self.store.update_committed_index(term, commit_index)
+        if self.store.committed_index != before:
+            self.commit_listener()
+
+    # -- COMPARE / TRUNCATE ---------------------------------------------------------------
+    def _holds(self, index: int, term: int, pos: int) -> bool:
+        store = self.store
+        if index < store.ledger_begin_index or index > store.ledger_end_index or index < 0:
+            return False
+        local = store.get(index)
+        return local.term == term and local.pos == pos
+
+    def _handle_compare(self, req: PushEntryRequest) -> PushEntryResponse:
+        e = req.entries[0]
+        if self._holds(e.index, e.term, e.pos):
+            return self._resp(req, DLedgerResponseCode.SUCCESS, e.index)
+        return self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE)
+
+    def _clear_waiting(self, req: PushEntryRequest) -> None:
+        for _, (wreq, fut, handle) in list(self.waiting.items()):
+            handle.cancel()
+            if not fut.done():
+                fut.set_result(self._resp(wreq, DLedgerResponseCode.INCONSISTENT_STATE))
+        self.waiting.clear()
+
+    def _handle_truncate(self, req: PushEntryRequest) -> PushEntryResponse:
+        e = req.entries[0]
+        store = self.store
+        self._clear_waiting(req)
+        if not self._holds(e.index, e.term, e.pos):
+            if e.index <= store.committed_index:
+                log.error(
+                    "leader %s term %d asks to overwrite committed index %d (commit %d) group=%s selfId=%s",
+                    req.leader_id,
+                    req.term,
+                    e.index,
+                    store.committed_index,
+                    self.ms.group,
+                    self.ms.self_id,
+                )
+                return self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE)
+            end = store.truncate(e, req.term, req.leader_id)
+        elif store.ledger_end_term == req.term:
+            # Our tail was appended by this very leader after an earlier TRUNCATE: this one is a
+            # delayed duplicate, and the tail matches the leader's log.
+            return self._resp(req, DLedgerResponseCode.SUCCESS, e.index)
+        else:
+            # Cut the stale tail after the leader's entry, but never a committed entry.
+            keep = max(e.index, store.committed_index)
+            end = (
+                store.truncate(store.get(keep), req.term, req.leader_id)
+                if keep < store.ledger_end_index
+                else store.ledger_end_index
+            )
+        log.info(
+            "truncated group=%s selfId=%s term=%d leader=%s at %d: end %d",
+            self.ms.group,
+            self.ms.self_id,
+            req.term,
+            req.leader_id,
+            e.index,
+            end,
+        )
+        return self._resp(req, DLedgerResponseCode.SUCCESS, e.index)
+
+    # -- APPEND ---------------------------------------------------------------------------
+    async def _handle_append(self, req: PushEntryRequest) -> PushEntryResponse:
+        first = req.entries[0].index
+        if first > self.store.ledger_end_index + 1:
+            resp = await self._park(req, first)
+        else:
+            resp = self._apply(req)
+            self._drain_waiting()
+        if resp.code == DLedgerResponseCode.SUCCESS and self.config.sync_flush:
+            await self.store.wait_flushed(resp.index)
+        return resp
+
+    async def _park(self, req: PushEntryRequest, first: int) -> PushEntryResponse:
+        loop = asyncio.get_running_loop()
+        old = self.waiting.pop(first, None)
+        if old is not None:
+            old[2].cancel()
+            if not old[1].done():
+                old[1].set_result(self._resp(old[0], DLedgerResponseCode.REPEATED_PUSH))
+        elif len(self.waiting) >= self.max_waiting:
+            return self._resp(req, DLedgerResponseCode.PUSH_REQUEST_IS_FULL)
+        fut: asyncio.Future[PushEntryResponse] = loop.create_future()
+        handle = loop.call_later(self.wait_timeout_s, self._expire, first, fut)
+        self.waiting[first] = (req, fut, handle)
+        return await fut
+
+    def _expire(self, first: int, fut: asyncio.Future[PushEntryResponse]) -> None:
+        item = self.waiting.get(first)
+        if item is not None and item[1] is fut:
+            del self.waiting[first]
+            if not fut.done():
+                log.info(
+                    "push at %d waited for %d too long group=%s selfId=%s",
+                    first,
+                    self.store.ledger_end_index + 1,
+                    self.ms.group,
+                    self.ms.self_id,
+                )
+                fut.set_result(self._resp(item[0], DLedgerResponseCode.INCONSISTENT_STATE))
+
+    def _drain_waiting(self) -> None:
+        while self.waiting:
+            first = min(self.waiting)
+            if first > self.store.ledger_end_index + 1:
+                return
+            req, fut, handle = self.waiting.pop(first)
+            handle.cancel()
+            if fut.done():
+                continue
+            if req.term != self.ms.curr_term:
+                fut.set_result(self._resp(req, DLedgerResponseCode.EXPIRED_TERM))
+                continue
+            try:
+                fut.set_result(self._apply(req))
+            except DLedgerException as exc:
+                log.warning("parked push failed group=%s selfId=%s: %s", self.ms.group, self.ms.self_id, exc)
+                fut.set_result(self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE))
+
+    def _apply(self, req: PushEntryRequest) -> PushEntryResponse:
+        """Append a batch whose first index is at most end + 1 (sync: ordering is preserved)."""
+        store = self.store
+        prev = req.prev_index
+        if prev >= 0:
+            if prev > store.ledger_end_index or prev < store.ledger_begin_index:
+                return self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE)
+            local_term = store.ledger_end_term if prev == store.ledger_end_index else store.get(prev).term
+            if local_term != req.prev_term:
+                return self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE)
+        leader_term, leader_id = req.term, req.leader_id
+        for e in req.entries:
+            end = store.ledger_end_index
+            if e.index == end + 1:
+                store.append_as_follower(e, leader_term, leader_id)
+                continue
+            local = store.get(e.index)
+            if local.term == e.term:
+                continue  # a duplicate of what we hold (same index and term: same entry, Raft §5.3)
+            if e.index <= store.committed_index:
+                log.error(
+                    "push conflicts with committed index %d group=%s selfId=%s",
+                    e.index,
+                    self.ms.group,
+                    self.ms.self_id,
+                )
+                return self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE)
+            store.truncate(e, leader_term, leader_id)
+        last = req.entries[-1].index
+        self._update_commit(leader_term, min(req.commit_index, last))
+        return self._resp(req, DLedgerResponseCode.SUCCESS, last)
+
+    def on_role_change(self) -> None:
+        """Leader or term changed: parked pushes of the old leader will never be applied."""
+        if self.waiting:
+            for _, (wreq, fut, handle) in list(self.waiting.items()):
+                handle.cancel()
+                if not fut.done():
+                    fut.set_result(self._resp(wreq, DLedgerResponseCode.INCONSISTENT_STATE))
+            self.waiting.clear()

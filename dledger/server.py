@@ -1,0 +1,342 @@
+"""`DLedgerServer`: one member of a DLedger group, and the API the broker and clients call.
+
+Start order (DLedger's): store (load + recover) → RPC service → entry pusher → leader elector.
+`append(bodies)` is the leader's write path: check role / transfer / pending limit / disk, append
+as leader in the current term, register one future for the batch's last index, and return once
+the quorum checker has committed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from dledger.codes import DLedgerException, DLedgerResponseCode
+from dledger.config import DLedgerConfig
+from dledger.elector import DLedgerLeaderElector, RoleChangeHandler
+from dledger.entry import MAGIC_NOOP, DLedgerEntry
+from dledger.entry_handler import EntryHandler
+from dledger.member_state import MemberState, Role
+from dledger.pusher import DLedgerEntryPusher
+from dledger.rpc.protocol import (
+    AppendEntryRequest,
+    AppendEntryResponse,
+    GetEntriesRequest,
+    GetEntriesResponse,
+    HeartBeatRequest,
+    HeartBeatResponse,
+    LeadershipTransferRequest,
+    LeadershipTransferResponse,
+    MetadataRequest,
+    MetadataResponse,
+    PushEntryRequest,
+    PushEntryResponse,
+    RequestOrResponse,
+    RpcService,
+    VoteRequest,
+    VoteResponse,
+    error_response,
+)
+from dledger.statemachine import StateMachine, StateMachineCaller
+from dledger.store.base import DLedgerStore
+
+log = logging.getLogger("dledger.server")
+
+_SHUTDOWN_DRAIN_S = 1.0
+_MAX_GET_COUNT = 10_000
+
+
+@dataclass(slots=True)
+class AppendResult:
+    """Where a committed body landed."""
+
+    index: int
+    term: int
+    pos: int
+
+
+def not_leader(ms: MemberState, detail: str = "") -> DLedgerException:
+    """NOT_LEADER naming the leader when known (`exc.leader_id`, `exc.leader_addr`)."""
+    exc = DLedgerException(
+        DLedgerResponseCode.NOT_LEADER, detail or f"{ms.self_id} is {ms.role.value}; leader is {ms.leader_id}"
+    )
+    exc.leader_id = ms.leader_id  # type: ignore[attr-defined]
+    exc.leader_addr = ms.leader_addr  # type: ignore[attr-defined]
+    return exc
+
+
+def create_store(config: DLedgerConfig) -> DLedgerStore:
+    """The store `config.store_type` names (the mmap store is imported only when used)."""
+    if config.store_type == "MEMORY":
+        from dledger.store.memory_store import DLedgerMemoryStore
+
+        return DLedgerMemoryStore(config)
+    from dledger.store.mmap_store import DLedgerMmapFileStore
+
+    return DLedgerMmapFileStore(config)
+
+
+class DLedgerServer:
+    """A DLedger member: wires store, member state, RPC, pusher, entry handler and elector."""
+
+    def __init__(
+        self,
+        config: DLedgerConfig,
+        *,
+        rpc: RpcService | None = None,
+        store: DLedgerStore | None = None,
+        clock: Callable[[], float] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.store = store if store is not None else create_store(config)
+        self.member_state = MemberState(config, self.store)
+        if rpc is None:
+            from dledger.rpc.tcp import TcpRpcService
+
+            rpc = TcpRpcService(config.group, config.self_id, config.peer_map)
+        self.rpc = rpc
+        self._clock = clock
+        self.rng = rng or random.Random()
+        self.pusher = DLedgerEntryPusher(config, self.member_state, self.store, rpc, self._now)
+        self.elector = DLedgerLeaderElector(config, self.member_state, rpc, self.pusher, self.rng, self._now)
+        self.pusher.elector = self.elector
+        self.entry_handler = EntryHandler(
+            config, self.member_state, self.store, self.elector, self._on_commit
+        )
+        self.pusher.commit_listeners.append(self._on_commit)
+        self.elector.internal_handlers.append(self.pusher.on_role_change)
+        self.elector.internal_handlers.append(self._on_role_change)
+        self._callers: list[StateMachineCaller] = []
+        self._commit_callbacks: list[Callable[[], None]] = []
+        self.started = False
+        self._stopping = False
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
+    # -- wiring API -----------------------------------------------------------------------
+    def register_role_change_handler(self, handler: RoleChangeHandler) -> None:
+        """`handler(term, role)` on every role change (sync; schedule tasks yourself)."""
+        self.elector.register_role_change_handler(handler)
+
+    def set_state_machine(self, sm: StateMachine) -> None:
+        """Feed `sm` committed entries in order from its `last_applied_index() + 1`."""
+        caller = StateMachineCaller(self.store, sm, f"{self.config.group}/{self.config.self_id}")
+        self._callers.append(caller)
+        if self.started:
+            caller.start()
+
+    def add_commit_callback(self, cb: Callable[[], None]) -> None:
+        """`cb()` whenever the committed index may have moved (cheap; wake something)."""
+        self._commit_callbacks.append(cb)
+
+    def _on_commit(self) -> None:
+        for c in self._callers:
+            c.on_commit()
+        for cb in self._commit_callbacks:
+            cb()
+
+    def _on_role_change(self, term: int, role: Role) -> None:
+        self.entry_handler.on_role_change()
+        if role == Role.LEADER:
+            # Raft §8: a no-op in our own term, before any client append, commits earlier terms' entries.
+            noop = self.store.append_as_leader(DLedgerEntry(body=b"", magic=MAGIC_NOOP), term)
+            self.pusher.on_leader_append([noop])
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        """store → rpc → pusher → elector (→ state machine callers)."""
+        self.rpc.register_handler(self)
+        await self.store.start()
+        await self.rpc.start()
+        self.pusher.start()
+        self.elector.start()
+        for c in self._callers:
+            c.start()
+        self.started = True
+        log.info(
+            "started group=%s selfId=%s term=%d end=%d committed=%d",
+            self.config.group,
+            self.config.self_id,
+            self.member_state.curr_term,
+            self.store.ledger_end_index,
+            self.store.committed_index,
+        )
+
+    async def shutdown(self, *, graceful: bool = True) -> None:
+        """Stop. Graceful: let pending appends finish (bounded), answer the rest, flush the store.
+        Not graceful (the simulator's crash): just stop every task; the store is left as is."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if graceful and self.pusher.pending:
+            futures = [p.future for p in self.pusher.pending]
+            await asyncio.wait(futures, timeout=_SHUTDOWN_DRAIN_S)
+        await self.elector.shutdown()
+        await self.pusher.shutdown()
+        for d in self.pusher.dispatchers.values():
+            for t in list(d._tasks):
+                t.cancel()
+        await self.rpc.shutdown()
+        if graceful:
+            for c in self._callers:
+                await c.shutdown()
+            await self.store.shutdown()
+        else:
+            for c in self._callers:
+                if c._task is not None:
+                    c._task.cancel()
+        self.started = False
+        log.info("stopped group=%s selfId=%s graceful=%s", self.config.group, self.config.self_id, graceful)
+
+    # -- client API -----------------------------------------------------------------------
+    async def append(self, bodies: list[bytes]) -> list[AppendResult]:
+        """Append `bodies` as leader; return once committed (see docs/INTERFACES.md for errors)."""
+        ms = self.member_state
+        if not bodies:
+            raise DLedgerException(DLedgerResponseCode.REQUEST_WITH_EMPTY_BODYS, "no bodies")
+        if ms.role != Role.LEADER or self._stopping:
+            raise not_leader(ms)
+        if ms.transferee is not None:
+            raise DLedgerException(
+                DLedgerResponseCode.LEADER_TRANSFERRING, f"transferring to {ms.transferee}"
+            )
+        if self.pusher.pending_count >= self.config.max_pending_requests_num:
+            raise DLedgerException(
+                DLedgerResponseCode.LEADER_PENDING_FULL, f"{self.pusher.pending_count} appends pending"
+            )
+        if self.store.is_disk_full:
+            raise DLedgerException(DLedgerResponseCode.DISK_FULL, "store disk is full")
+        term = ms.curr_term
+        entries = self.store.batch_append_as_leader([DLedgerEntry(body=b) for b in bodies], term)
+        self.pusher.on_leader_append(entries)
+        if not self.config.unsafe_ack_before_quorum:
+            await self.pusher.wait_ack(entries[-1].index, term)
+        return [AppendResult(e.index, e.term, e.pos) for e in entries]
+
+    def get_entries(self, begin_index: int, max_count: int = 1) -> list[DLedgerEntry]:
+        """Committed entries from `begin_index` (at most `max_count`); [] past the commit index."""
+        store = self.store
+        if begin_index < store.ledger_begin_index and store.ledger_begin_index >= 0:
+            raise DLedgerException(
+                DLedgerResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN,
+                f"{begin_index} < begin {store.ledger_begin_index}",
+            )
+        if begin_index < 0:
+            raise DLedgerException(DLedgerResponseCode.UNEXPECTED_ARGUMENT, f"index {begin_index} < 0")
+        stop = min(store.committed_index, begin_index + min(max_count, _MAX_GET_COUNT) - 1)
+        return [store.get(i) for i in range(begin_index, stop + 1)]
+
+    def metadata(self) -> dict[str, Any]:
+        ms, store = self.member_state, self.store
+        applied = min((c.applied_index for c in self._callers), default=store.committed_index)
+        return {
+            "role": ms.role.value,
+            "term": ms.curr_term,
+            "leaderId": ms.leader_id,
+            "leaderAddr": ms.leader_addr,
+            "selfId": ms.self_id,
+            "group": ms.group,
+            "peers": dict(ms.peer_map),
+            "ledgerBeginIndex": store.ledger_begin_index,
+            "ledgerEndIndex": store.ledger_end_index,
+            "ledgerEndTerm": store.ledger_end_term,
+            "committedIndex": store.committed_index,
+            "appliedIndex": applied,
+            "transferee": ms.transferee,
+            "peerWaterMarks": dict(self.pusher.peer_water_marks) if ms.is_leader() else {},
+        }
+
+    async def leadership_transfer(self, transferee_id: str) -> None:
+        """Hand leadership to `transferee_id` (leader only); returns once it has taken over."""
+        if not self.member_state.is_leader():
+            raise not_leader(self.member_state)
+        await self.elector.handle_leadership_transfer(transferee_id)
+
+    # -- RPC handlers (called by the transport) -------------------------------------------
+    def _refuse(self, req: RequestOrResponse) -> Any:
+        if req.group != self.config.group:
+            log.warning(
+                "refusing %s for group %r at group=%s selfId=%s",
+                type(req).__name__,
+                req.group,
+                self.config.group,
+                self.config.self_id,
+            )
+            return error_response(req, DLedgerResponseCode.UNKNOWN_GROUP, self.config.self_id)
+        if req.remote_id != self.config.self_id:
+            log.warning(
+                "refusing %s for member %r at group=%s selfId=%s",
+                type(req).__name__,
+                req.remote_id,
+                self.config.group,
+                self.config.self_id,
+            )
+            return error_response(req, DLedgerResponseCode.UNKNOWN_MEMBER, self.config.self_id)
+        return None
+
+    async def handle_vote(self, req: VoteRequest) -> VoteResponse:
+        return self._refuse(req) or await self.elector.handle_vote(req)
+
+    async def handle_heartbeat(self, req: HeartBeatRequest) -> HeartBeatResponse:
+        return self._refuse(req) or await self.elector.handle_heartbeat(req)
+
+    async def handle_push(self, req: PushEntryRequest) -> PushEntryResponse:
+        return self._refuse(req) or await self.entry_handler.handle_push(req)
+
+    def _resp_header(self, req: RequestOrResponse, resp: RequestOrResponse) -> Any:
+        ms = self.member_state
+        resp.group, resp.remote_id, resp.local_id = ms.group, req.local_id, ms.self_id
+        resp.leader_id, resp.term = ms.leader_id or "", ms.curr_term
+        return resp
+
+    async def handle_append(self, req: AppendEntryRequest) -> AppendEntryResponse:
+        refused = self._refuse(req)
+        if refused is not None:
+            return refused
+        resp = AppendEntryResponse()
+        try:
+            results = await self.append(req.bodies)
+            resp.index, resp.pos, resp.positions = results[0].index, results[0].pos, [r.pos for r in results]
+        except DLedgerException as exc:
+            resp.code = int(exc.code)
+        return self._resp_header(req, resp)
+
+    async def handle_get(self, req: GetEntriesRequest) -> GetEntriesResponse:
+        refused = self._refuse(req)
+        if refused is not None:
+            return refused
+        resp = GetEntriesResponse()
+        try:
+            resp.entries = self.get_entries(req.begin_index, req.max_count)
+        except DLedgerException as exc:
+            resp.code = int(exc.code)
+        return self._resp_header(req, resp)
+
+    async def handle_metadata(self, req: MetadataRequest) -> MetadataResponse:
+        refused = self._refuse(req)
+        if refused is not None:
+            return refused
+        return self._resp_header(req, MetadataResponse(json=orjson.dumps(self.metadata())))
+
+    async def handle_leadership_transfer(self, req: LeadershipTransferRequest) -> LeadershipTransferResponse:
+        refused = self._refuse(req)
+        if refused is not None:
+            return refused
+        resp = LeadershipTransferResponse()
+        if req.take_leadership_term >= 0:
+            resp.code = int(self.elector.handle_take_leadership(req))
+        else:
+            try:
+                await self.leadership_transfer(req.transferee_id)
+            except DLedgerException as exc:
+                resp.code = int(exc.code)
+        return self._resp_header(req, resp)

@@ -1,0 +1,250 @@
+"""`DLedgerMemoryStore`: the log in memory, with a model of what has reached "disk".
+
+Used by the deterministic simulator. Entries live in a list; `flushed_index` models fsync: a
+periodic flush (every `flush_file_interval_ms`) and `wait_flushed` (a short simulated fsync shared
+by concurrent callers) move it. `lose_unflushed()` models power loss: everything after the last
+flush disappears. The object itself plays the role of the disk, so the simulator keeps it across a
+member's crash and restart; `term_state` is where `MemberState` persists currTerm/voteLeader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+from dledger.codes import DLedgerException, DLedgerResponseCode
+from dledger.config import DLedgerConfig
+from dledger.entry import BODY_OFFSET, DLedgerEntry, body_crc32, encode
+from dledger.store.base import DLedgerStore
+
+# Simulated fsync latency: long enough that concurrent waiters share one "fsync".
+_FSYNC_DELAY_S = 0.002
+
+
+class DLedgerMemoryStore(DLedgerStore):
+    """In-memory `DLedgerStore` (no compaction: begin index is 0 once anything is written)."""
+
+    def __init__(self, config: DLedgerConfig) -> None:
+        self.config = config
+        self.append_hooks = []
+        self._entries: list[DLedgerEntry] = []
+        self.ledger_begin_index = -1
+        self.ledger_end_index = -1
+        self.ledger_end_term = -1
+        self.committed_index = -1
+        self.committed_pos = -1
+        self._flushed_index = -1
+        self._end_pos = 0
+        self._flush_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._fsync_scheduled = False
+        self._flush_task: asyncio.Task[None] | None = None
+        self.term_state: dict[str, str] = {}
+        # For the simulator's invariant checks: lowest index changed in place since it last looked,
+        # and any attempt to cut below the committed index.
+        self.low_water_modified: int | None = None
+        self.violations: list[str] = []
+        self.disk_full = False
+
+    # -- appends --------------------------------------------------------------------------
+    def _append(self, entry: DLedgerEntry) -> DLedgerEntry:
+        entry.compute_size_in_bytes()
+        entry.body_crc = body_crc32(entry.body)
+        self._entries.append(entry)
+        self._end_pos += entry.size
+        self.ledger_end_index = entry.index
+        self.ledger_end_term = entry.term
+        if self.ledger_begin_index == -1:
+            self.ledger_begin_index = 0
+        return entry
+
+    def append_as_leader(self, entry: DLedgerEntry, term: int) -> DLedgerEntry:
+        if self.disk_full:
+            raise DLedgerException(DLedgerResponseCode.DISK_FULL, "memory store marked full")
+        entry.index = self.ledger_end_index + 1
+        entry.term = term
+        entry.pos = self._end_pos
+        if self.append_hooks:
+            buf = encode(entry)
+            for hook in self.append_hooks:
+                hook(entry, memoryview(buf), BODY_OFFSET)
+            entry.body = bytes(buf[BODY_OFFSET:])
+        return self._append(entry)
+
+    def batch_append_as_leader(self, entries: Sequence[DLedgerEntry], term: int) -> list[DLedgerEntry]:
+        return [self.append_as_leader(e, term) for e in entries]
+
+    def append_as_follower(self, entry: DLedgerEntry, leader_term: int, leader_id: str) -> DLedgerEntry:
+        if entry.index != self.ledger_end_index + 1:
+            raise DLedgerException(
+                DLedgerResponseCode.INCONSISTENT_INDEX,
+                f"follower append index {entry.index} != end {self.ledger_end_index} + 1",
+            )
+        if entry.pos != self._end_pos:
+            raise DLedgerException(
+                DLedgerResponseCode.DISK_ERROR,
+                f"entry {entry.index} pos {entry.pos} != local end pos {self._end_pos}",
+            )
+        return self._append(
+            DLedgerEntry(
+                body=entry.body,
+                magic=entry.magic,
+                index=entry.index,
+                term=entry.term,
+                pos=entry.pos,
+                channel=entry.channel,
+            )
+        )
+
+    # -- reads ----------------------------------------------------------------------------
+    def get(self, index: int) -> DLedgerEntry:
+        if index < 0 or index > self.ledger_end_index:
+            raise DLedgerException(
+                DLedgerResponseCode.INDEX_OUT_OF_RANGE,
+                f"index {index} outside [{self.ledger_begin_index}, {self.ledger_end_index}]",
+            )
+        return self._entries[index]
+
+    def get_data(self, pos: int, size: int) -> bytes:
+        """Raw bytes at a global position (re-encodes the entries overlapping the range)."""
+        out = bytearray()
+        for e in self._entries:
+            if e.pos + e.size > pos and e.pos < pos + size:
+                out += encode(e)[max(0, pos - e.pos) :]
+        if len(out) < size:
+            raise DLedgerException(DLedgerResponseCode.INDEX_OUT_OF_RANGE, f"[{pos}, +{size}) not written")
+        return bytes(out[:size])
+
+    @property
+    def data_begin_pos(self) -> int:
+        return 0
+
+    # -- truncation and commit ------------------------------------------------------------
+    def _cut_after(self, index: int) -> None:
+        """Keep entries [0, index]; record where the log changed."""
+        if index < self.ledger_end_index:
+            if index < self.committed_index:
+                self.violations.append(f"cut after {index} below committed {self.committed_index}")
+            cut = index + 1
+            self.low_water_modified = (
+                cut if self.low_water_modified is None else min(self.low_water_modified, cut)
+            )
+            del self._entries[cut:]
+        self.ledger_end_index = index
+        if self._entries:
+            last = self._entries[-1]
+            self.ledger_end_term = last.term
+            self._end_pos = last.pos + last.size
+        else:
+            self.ledger_end_term = -1
+            self._end_pos = 0
+            self.ledger_begin_index = -1
+        self._flushed_index = min(self._flushed_index, index)
+
+    def truncate(self, entry: DLedgerEntry, leader_term: int, leader_id: str) -> int:
+        idx = entry.index
+        if idx > self.ledger_end_index + 1 or idx < 0:
+            raise DLedgerException(
+                DLedgerResponseCode.INCONSISTENT_INDEX,
+                f"truncate at {idx} beyond end {self.ledger_end_index} + 1",
+            )
+        if idx <= self.ledger_end_index:
+            mine = self._entries[idx]
+            if mine.term == entry.term and mine.pos == entry.pos and mine.body == entry.body:
+                self._cut_after(idx)
+                return self.ledger_end_index
+        self._cut_after(idx - 1)
+        self.append_as_follower(entry, leader_term, leader_id)
+        return self.ledger_end_index
+
+    def update_committed_index(self, term: int, committed_index: int) -> None:
+        if committed_index <= self.committed_index or committed_index < self.ledger_begin_index:
+            return
+        committed_index = min(committed_index, self.ledger_end_index)
+        if committed_index <= self.committed_index:
+            return
+        self.committed_index = committed_index
+        e = self._entries[committed_index]
+        self.committed_pos = e.pos + e.size
+
+    # -- flushing -------------------------------------------------------------------------
+    def flush(self) -> None:
+        self._flushed_index = self.ledger_end_index
+        self._wake_flush_waiters()
+
+    @property
+    def flushed_index(self) -> int:
+        return self._flushed_index
+
+    def _wake_flush_waiters(self) -> None:
+        keep = []
+        for index, fut in self._flush_waiters:
+            if index <= self._flushed_index or index > self.ledger_end_index:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((index, fut))
+        self._flush_waiters = keep
+
+    def _do_fsync(self) -> None:
+        self._fsync_scheduled = False
+        self.flush()
+
+    async def wait_flushed(self, index: int) -> None:
+        if index <= self._flushed_index:
+            return
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._flush_waiters.append((index, fut))
+        if not self._fsync_scheduled:
+            self._fsync_scheduled = True
+            loop.call_later(_FSYNC_DELAY_S, self._do_fsync)
+        await fut
+
+    async def _flush_loop(self) -> None:
+        interval = max(self.config.flush_file_interval_ms, 1) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            self.flush()
+
+    async def start(self) -> None:
+        self.committed_index = min(self.committed_index, self.ledger_end_index)
+        if self.committed_index >= 0:
+            e = self._entries[self.committed_index]
+            self.committed_pos = e.pos + e.size
+        else:
+            self.committed_pos = -1
+        self._fsync_scheduled = False
+        self._flush_task = asyncio.get_running_loop().create_task(self._flush_loop())
+
+    async def shutdown(self) -> None:
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flush_task
+            self._flush_task = None
+        self.flush()
+
+    # -- simulator helpers ----------------------------------------------------------------
+    def crash(self, lose_unflushed: bool = True) -> None:
+        """Model a crash: stop the flusher, fail waiters, optionally drop unflushed entries."""
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+            self._flush_task = None
+        for _, fut in self._flush_waiters:
+            if not fut.done():
+                fut.cancel()
+        self._flush_waiters = []
+        if lose_unflushed:
+            self.lose_unflushed()
+
+    def lose_unflushed(self) -> None:
+        """Drop every entry after the flushed index (power loss)."""
+        committed = self.committed_index
+        self.committed_index = -1  # the cut below the old commit is legitimate here: recorded by caller
+        self._cut_after(self._flushed_index)
+        self.committed_index = min(committed, self.ledger_end_index)
+
+    @property
+    def is_disk_full(self) -> bool:
+        return self.disk_full
