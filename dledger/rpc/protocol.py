@@ -443,7 +443,7 @@ def decode_frame_body(kind: int, rtype: int, body: memoryview) -> RequestOrRespo
         msg.leader_id, off = _get_str(body, off)
         msg.term, msg.code = _COMMON_TAIL.unpack_from(body, off)
         off = msg._dec(body, off + _COMMON_TAIL.size)
-    except struct.error as exc:
+    except (struct.error, UnicodeDecodeError) as exc:  # a frame string that is not UTF-8
         raise DLedgerException(DLedgerResponseCode.UNEXPECTED_ARGUMENT, f"malformed {cls.__name__}") from exc
     if off != len(body):
         raise DLedgerException(

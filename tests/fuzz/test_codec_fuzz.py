@@ -186,10 +186,7 @@ def _sample_messages() -> list[tuple[int, protocol.RequestOrResponse]]:
 
 
 SAMPLES = _sample_messages()
-# Known bug (dledger/rpc/protocol.py, `_get_str`): a frame string that is not UTF-8 escapes as
-# UnicodeDecodeError instead of DLedgerException(UNEXPECTED_ARGUMENT). Pinned by the strict xfail
-# test below; drop UnicodeDecodeError from this tuple when that test starts passing.
-FRAME_ERRORS = (DLedgerException, UnicodeDecodeError)
+FRAME_ERRORS = (DLedgerException,)
 
 
 @FUZZ
@@ -219,9 +216,8 @@ def test_truncated_or_flipped_frames_raise_only_dledger_exception(sample: tuple,
         pass
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeDecodeError,
-                   reason="dledger/rpc/protocol.py _get_str lets UnicodeDecodeError escape decode_frame_body")
 def test_frame_string_that_is_not_utf8_is_refused_precisely() -> None:
+    # Found by this fuzzer: UnicodeDecodeError used to escape decode_frame_body.
     kind, msg = SAMPLES[0]
     frame = bytearray(protocol.encode_frame(kind, 1, msg))
     at = protocol.FRAME_HEAD.size + 2  # first byte of the group string "g"
