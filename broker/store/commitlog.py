@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import struct
+import time
 
 from broker.errors import BrokerCode, BrokerError
 from broker.message import decode_message, read_total_size
@@ -109,6 +111,26 @@ class CommitLog:
             end = pos
         self.files.truncate_offset(end, stop_after_zeros=1 << 20)
         log.info("event=commitlog_recovered dir=%s max_offset=%d", self.store_path, end)
+
+    # ---- retention ----------------------------------------------------------------------------
+
+    def delete_expired(self, delete_when: str, reserved_hours: int, max_used_ratio: float,
+                       max_end_offset: int, now: float | None = None) -> int:
+        """RocketMQ's clean-up: at a `deleteWhen` hour, or when the disk is fuller than
+        `max_used_ratio`, delete files older than `reserved_hours` (never the last file, never
+        data not yet dispatched). Returns the number of files deleted."""
+        now = time.time() if now is None else now
+        hour = time.localtime(now).tm_hour
+        try:
+            usage = shutil.disk_usage(self.store_path)
+            used = (usage.total - usage.free) / usage.total if usage.total else 0.0
+        except OSError:
+            used = 0.0
+        due = hour in {int(h) for h in delete_when.split(";") if h.strip().isdigit()}
+        if not due and used < max_used_ratio:
+            return 0
+        return self.files.delete_expired_files(reserved_hours * 3600 * 1000, int(now * 1000),
+                                               max_end_offset=max_end_offset)
 
     # ---- positions ----------------------------------------------------------------------------
 

@@ -89,8 +89,8 @@ class DLedgerCommitLog:
     # ---- lifecycle ----------------------------------------------------------------------------
 
     async def prepare(self) -> None:
-        """Recover the DLedger store (so consume queues can be checked against its data) and work
-        out the last applied index from what the consume queues hold."""
+        """Recover the DLedger store now, so consume queues can be checked against its data
+        before the server (and the state machine caller) start."""
         recover = getattr(self.dstore, "recover", None)
         if recover is not None:
             await asyncio.to_thread(recover)
@@ -216,7 +216,20 @@ class DLedgerCommitLog:
     # ---- dispatch (state machine) ---------------------------------------------------------------
 
     def apply(self, entries: list[DLedgerEntry]) -> None:
-        """Dispatch committed entries in index order; no-op entries and non-messages are skipped."""
+        """Dispatch committed entries in index order; no-op entries and non-messages are skipped.
+        A failure is raised as DLedgerException so the caller retries from the first entry not
+        applied (entries already applied are skipped by index and by reput offset)."""
+        try:
+            self._apply(entries)
+        except DLedgerException:
+            raise
+        except Exception as exc:
+            log.exception("event=dispatch_failed %s", self._ctx)
+            raise DLedgerException(_E.INTERNAL_ERROR, f"broker dispatch failed: {exc}") from exc
+        finally:
+            self.store.dispatch_done()
+
+    def _apply(self, entries: list[DLedgerEntry]) -> None:
         store = self.store
         for entry in entries:
             if entry.index <= self.applied_index:
@@ -233,4 +246,3 @@ class DLedgerCommitLog:
                         if _INT.unpack_from(data, 4)[0] == MESSAGE_MAGIC_CODE:
                             store.dispatch(data, phys)
             self.applied_index = entry.index
-        store.dispatch_done()

@@ -134,6 +134,7 @@ class DefaultMessageStore:
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._round_robin: dict[str, int] = {}
         self._flush_task: asyncio.Task[None] | None = None
+        self._retention_tick = 0
         self._stopping = asyncio.Event()
         self.started = False
 
@@ -154,6 +155,7 @@ class DefaultMessageStore:
             cq.truncate_dirty(data_end)
         self.reput_offset = max((cq.max_phys_end for cq in self.consume_queues.values()),
                                 default=self.commit_log.min_offset)
+        self._correct_min_offsets()
         self.recover_topic_queue_table()
         self._replay_system_records()
         self._rebuild_idempotency()
@@ -187,9 +189,29 @@ class DefaultMessageStore:
                 await asyncio.wait_for(self._stopping.wait(), 1.0)
             except TimeoutError:
                 pass
+            self._retention_tick += 1
+            if self._retention_tick % 10 == 0:
+                self._clean_expired()
             dirty = [cq for cq in self.consume_queues.values() if cq.files.dirty_files()]
             if dirty:
                 await asyncio.to_thread(_flush_queues, dirty)
+
+    def _clean_expired(self) -> None:
+        """Local mode: delete expired commit-log files (DLedger cleans its own data files). Both
+        modes: consume-queue units pointing below the log's first byte are no longer served and
+        whole consume-queue files below it are deleted."""
+        cfg = self.config
+        if not self.dledger:
+            self.commit_log.delete_expired(cfg.delete_when, cfg.file_reserved_time,
+                                           cfg.disk_max_used_space_ratio / 100, self.reput_offset)
+        self._correct_min_offsets()
+
+    def _correct_min_offsets(self) -> None:
+        min_phys = self.commit_log.min_offset
+        for cq in self.consume_queues.values():
+            if cq.max_offset > cq.min_offset and cq.get_unit(cq.min_offset)[0] < min_phys:
+                cq.correct_min_offset(min_phys)
+                cq.files.delete_files_before(cq.min_logic_offset * 20)
 
     def _load_consume_queues(self) -> None:
         os.makedirs(self.cq_root, exist_ok=True)

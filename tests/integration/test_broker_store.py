@@ -266,3 +266,24 @@ async def test_recovery_after_sigkill(mode, tmp_path):
         assert r[0].queue_offset == s.max_offset("K", 0) - 1
     finally:
         await s.shutdown()
+
+
+async def test_local_retention_deletes_expired_files_and_moves_min_offset(tmp_path):
+    cfg = make_config("local", tmp_path)
+    cfg.file_reserved_time = 0  # every full file is expired at once
+    cfg.delete_when = str(time.localtime().tm_hour)
+    s = await open_store(cfg)
+    try:
+        for i in range(40):
+            await s.put_messages("T", [Message("T", b"r" * 4000 + b"%d" % i)], 0)
+        s._clean_expired()
+        assert s.commit_log.min_offset > 0
+        lo = s.min_offset("T", 0)
+        assert 0 < lo < 40 and s.max_offset("T", 0) == 40
+        got = s.get_messages("T", 0, lo, 1)
+        assert got.messages[0].body.endswith(b"%d" % lo)
+        with pytest.raises(BrokerError) as ei:
+            s.get_messages("T", 0, 0, 1)
+        assert ei.value.code == BrokerCode.OFFSET_OUT_OF_RANGE and ei.value.extra["minOffset"] == lo
+    finally:
+        await s.shutdown()
