@@ -146,7 +146,8 @@ class FaultCluster:
                  unsafe_ack: bool = False, record_fsync: bool = False,
                  conf_overrides: dict[str, Any] | None = None,
                  member_overrides: dict[str, dict[str, Any]] | None = None,
-                 dledger_overrides: dict[str, Any] | None = None, seed: int = 0) -> None:
+                 dledger_overrides: dict[str, Any] | None = None,
+                 launch_args: dict[str, list[str]] | None = None, seed: int = 0) -> None:
         self.workdir = workdir
         self.history = history
         self.flush_disk_type = flush_disk_type
@@ -155,6 +156,7 @@ class FaultCluster:
         self.conf_overrides = dict(conf_overrides or {})
         self.member_overrides = dict(member_overrides or {})
         self.dledger_overrides = dict(dledger_overrides or {})
+        self.launch_args = dict(launch_args or {})  # per member: extra tests.fault.launch options
         self.rng = random.Random(seed)
         n_links = size * (size - 1)
         ports = free_ports(2 + 2 * size + n_links)
@@ -166,6 +168,7 @@ class FaultCluster:
         self.namesrv: subprocess.Popen | None = None
         self.proxy: subprocess.Popen | None = None
         self.last_status: dict[str, dict[str, Any]] = {}
+        self.term_high = -1  # highest term the monitor has seen (survives kills)
         self._monitor: asyncio.Task | None = None
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(2.0, connect=0.5),
                                       limits=httpx.Limits(max_connections=64))
@@ -244,6 +247,7 @@ class FaultCluster:
         if self.unsafe_ack:
             opts.append("--unsafe-ack")
         opts += [f"--dledger={k}={v}" for k, v in self.dledger_overrides.items()]
+        opts += self.launch_args.get(m.name, [])
         m.proc = self._spawn(["-m", "tests.fault.launch", *opts, "--", "broker", "-c", str(m.conf_path)],
                              m.log_path)
         m.incarnation += 1
@@ -322,6 +326,7 @@ class FaultCluster:
         md.setdefault("selfId", m.name)
         md["brokerRole"] = st.get("role")
         self.last_status[m.name] = md
+        self.term_high = max(self.term_high, int(md.get("term", -1) or -1))
         self.history.ok(inv, md, incarnation=m.incarnation)
 
     def current_leader(self) -> tuple[Member | None, int]:
@@ -382,10 +387,11 @@ class FaultCluster:
             return {"leader_fault": True, "term": md.get("term", -1)}
         return {}
 
-    def kill(self, m: Member, power_loss: bool = False) -> dict[str, Any]:
-        """SIGKILL a member (SIGCONT first if paused); with power_loss, cut its files back to what
-        it fsynced (needs record_fsync=True)."""
-        fields = self._leader_fields(m)
+    def kill(self, m: Member, power_loss: bool = False, count_as_leader_fault: bool = True) -> dict[str, Any]:
+        """SIGKILL a member; with power_loss, cut its files back to what it fsynced (needs
+        record_fsync=True). `count_as_leader_fault=False` when every member goes down at once (the
+        time to a new master is then measured from the restart, see `mark_leader_fault`)."""
+        fields = self._leader_fields(m) if count_as_leader_fault else {}
         if m.alive():
             os.kill(m.proc.pid, signal.SIGKILL)
             m.proc.wait(10)
@@ -398,6 +404,14 @@ class FaultCluster:
             cut = diskfaults.power_loss_cut(m.store_root, m.fsync_record, m.start_extents)
         self.history.nemesis("kill", m.name, power_loss=power_loss, **cut, **fields)
         return cut
+
+    def mark_leader_fault(self, what: str, term: int) -> None:
+        """Record a point from which a new master (term > `term`) is expected."""
+        self.history.nemesis(what, None, leader_fault=True, term=term)
+
+    def max_term(self) -> int:
+        """Highest term any member reported to the monitor."""
+        return self.term_high
 
     async def restart(self, m: Member, wait: bool = True) -> None:
         """Start a killed member again; waits for its /health unless wait=False."""

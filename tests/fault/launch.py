@@ -15,6 +15,10 @@ instrumentation switched on, without any test code in the production modules.
     can fail.
 --dledger FIELD=VALUE
     Any other DLedgerConfig field the broker config does not expose (flush_file_interval_ms...).
+--clock-offset-ms N / --clock-strobe-ms N
+    A skewed wall clock: `time.time`/`time.time_ns` return real time + N ms, or (strobe) flip
+    between +N and -N ms every 500 ms of monotonic time. Election timing uses the monotonic clock
+    and is unaffected, so only message timestamps may change (matrix row 11).
 """
 
 from __future__ import annotations
@@ -82,6 +86,21 @@ def install_dledger_overrides(overrides: dict[str, Any]) -> None:
     dconfig.DLedgerConfig.__init__ = __init__  # type: ignore[method-assign]
 
 
+def install_clock_skew(offset_ms: int, strobe_ms: int) -> None:
+    """Offset (or strobe) the process's wall clock; the monotonic clock stays true."""
+    import time
+
+    real_time, real_time_ns, mono = time.time, time.time_ns, time.monotonic
+
+    def skew_ns() -> int:
+        if strobe_ms:
+            return (strobe_ms if int(mono() * 2) % 2 else -strobe_ms) * 1_000_000
+        return offset_ms * 1_000_000
+
+    time.time = lambda: real_time() + skew_ns() / 1e9  # type: ignore[assignment]
+    time.time_ns = lambda: real_time_ns() + skew_ns()  # type: ignore[assignment]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Apply the requested instrumentation, then run `module` as `__main__` with the rest of argv."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -93,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fsync-record")
     p.add_argument("--unsafe-ack", action="store_true")
     p.add_argument("--dledger", action="append", default=[], metavar="FIELD=VALUE")
+    p.add_argument("--clock-offset-ms", type=int, default=0)
+    p.add_argument("--clock-strobe-ms", type=int, default=0)
     opts = p.parse_args(argv[:split])
+    if opts.clock_offset_ms or opts.clock_strobe_ms:
+        install_clock_skew(opts.clock_offset_ms, opts.clock_strobe_ms)
     module, *rest = argv[split + 1:]
     if opts.fsync_record:
         install_fsync_recorder(opts.fsync_record)

@@ -40,6 +40,7 @@ class WorkloadConfig:
     retries: int = 0
     idempotent: bool = False
     short_timeouts: bool = False  # row 16: random 5-300 ms timeouts force indeterminate outcomes
+    poll_wait_ms: int = 300  # long-poll wait of the pollers
 
 
 def _problem(r: httpx.Response) -> dict[str, Any] | None:
@@ -172,6 +173,7 @@ async def poll_once(cluster: FaultCluster, history: History, member: Member, pro
 
 async def poller(cluster: FaultCluster, history: History, worker: int, stop: asyncio.Event,
                  cfg: WorkloadConfig, rng: random.Random, wait_ms: int = 300) -> None:
+    # A poll may legitimately take wait_ms plus a failover; the client timeout allows for both.
     """Long-poll queues from random live members, advancing per queue; reads are checked later."""
     next_offset = dict.fromkeys(range(cfg.queues), 0)
     process = f"c{worker}"
@@ -182,7 +184,7 @@ async def poller(cluster: FaultCluster, history: History, worker: int, stop: asy
             await asyncio.sleep(0.1)
             continue
         body = await poll_once(cluster, history, rng.choice(live), process, cfg.topic, queue_id,
-                               next_offset[queue_id], wait_ms=wait_ms)
+                               next_offset[queue_id], wait_ms=wait_ms, timeout_s=wait_ms / 1000 + 3)
         if body and body.get("messages"):
             next_offset[queue_id] = int(body["messages"][-1]["queueOffset"]) + 1
         elif body is None:
@@ -235,7 +237,7 @@ class Workload:
         for i in range(self.cfg.pollers):
             rng = random.Random(self.rng.random())
             self._tasks.append(asyncio.create_task(
-                poller(self.cluster, self.history, i, self._stop, self.cfg, rng)))
+                poller(self.cluster, self.history, i, self._stop, self.cfg, rng, self.cfg.poll_wait_ms)))
 
     async def stop(self) -> None:
         """Stop and wait (bounded): in-flight requests finish or time out and are recorded."""

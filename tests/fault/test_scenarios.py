@@ -1,0 +1,431 @@
+"""Jepsen-style scenarios on real processes: matrix rows 1-16 of the reliability note (§A3), plus
+the harness self-tests that prove the checkers can fail.
+
+Each test starts a name server and a 3-member DLedger broker set, runs producers and long-poll
+consumers over HTTP while a nemesis injects its faults, heals, reads every queue back from every
+member, and runs every checker (`scenario.assert_safe`: lost acked = 0, broker duplicates = 0,
+consistent offsets, one leader per term, identical committed prefixes, new master within 5 s).
+Reports (counts attempted / acked / info / read back) land in `bench/results/fault/<name>.json`.
+
+`fault` = CI subset (runs in `make test`); `fault_full` = only with `make fault`.
+Replay a run: LEDGERMQ_FAULT_SEED=<seed from the report> pytest tests/fault/test_scenarios.py -k <name>
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fault.cluster import PY, REPO
+from tests.fault.history import OK, Event, load_history, pair_operations
+from tests.fault.scenario import Ctx, assert_safe, brief, run_scenario
+from tests.fault.workload import WorkloadConfig
+
+pytestmark = pytest.mark.timeout(240)
+fault = pytest.mark.fault
+fault_full = pytest.mark.fault_full
+
+
+def _events(tmp_path: Path) -> list[Event]:
+    return load_history(tmp_path / "history.jsonl")
+
+
+def _nemesis_time(events: list[Event], f: str) -> list[int]:
+    return [e.time_ns for e in events if e.process == "nemesis" and e.f == f]
+
+
+# -- row 1 -------------------------------------------------------------------------------------------
+@fault
+async def test_row01_baseline(tmp_path: Path) -> None:
+    async def nothing(ctx: Ctx) -> None:
+        await ctx.sleep(ctx.duration_s)
+
+    report = await run_scenario("row01_baseline", 1, tmp_path, nothing, duration_s=6)
+    assert_safe(report, min_acked=50)
+    assert report["total_queue"]["info"] == 0, brief(report)  # no faults: every outcome is known
+
+
+# -- row 2 -------------------------------------------------------------------------------------------
+async def leader_crash_loop(ctx: Ctx, gap_s: tuple[float, float] = (3, 5),
+                            down_s: tuple[float, float] = (2, 3)) -> None:
+    while ctx.remaining() > 1:
+        await ctx.sleep(ctx.rng.uniform(*gap_s))
+        leader, _ = ctx.cluster.current_leader()
+        if leader is None:
+            continue
+        ctx.cluster.kill(leader)
+        await asyncio.sleep(ctx.rng.uniform(*down_s))
+        await ctx.cluster.restart(leader)
+
+
+@fault
+async def test_row02_leader_crash_loop(tmp_path: Path) -> None:
+    report = await run_scenario("row02_leader_crash_loop", 2, tmp_path, leader_crash_loop, duration_s=14)
+    assert_safe(report)
+    assert report["new_master"]["faults"] >= 2, brief(report)
+
+
+@fault_full
+async def test_row02_leader_crash_loop_long(tmp_path: Path) -> None:
+    async def nemesis(ctx: Ctx) -> None:
+        await leader_crash_loop(ctx, gap_s=(5, 10), down_s=(2, 5))
+
+    report = await run_scenario("row02_leader_crash_loop_long", 2, tmp_path, nemesis, duration_s=60)
+    assert_safe(report)
+
+
+# -- row 3 -------------------------------------------------------------------------------------------
+@fault_full
+async def test_row03_deposed_leader_pause(tmp_path: Path) -> None:
+    async def nemesis(ctx: Ctx) -> None:
+        while ctx.remaining() > 6:
+            await ctx.sleep(2)
+            leader, term = ctx.cluster.current_leader()
+            if leader is None:
+                continue
+            ctx.cluster.pause(leader)
+            await asyncio.sleep(4)  # > election timeout: the others elect a new leader
+            ctx.cluster.resume(leader)
+            ctx.extra.setdefault("paused", []).append({"member": leader.name, "term": term})
+            await ctx.sleep(3)
+
+    report = await run_scenario("row03_deposed_leader", 3, tmp_path, nemesis, duration_s=20)
+    assert_safe(report)
+    events = _events(tmp_path)
+    resumes = _nemesis_time(events, "resume")
+    for (pause, t_resume) in zip(report["extra"]["paused"], resumes, strict=False):
+        # The old master steps down (DLedger role and broker role) within 5 s of waking up.
+        later = [e for e in events if e.f == "status" and e.type == OK and e.node == pause["member"]
+                 and e.time_ns >= t_resume]
+        flipped = next((e for e in later
+                        if e.value.get("role") != "LEADER" or e.value.get("term") > pause["term"]), None)
+        assert flipped is not None, f"{pause} never stepped down: {brief(report)}"
+        assert (flipped.time_ns - t_resume) / 1e9 <= 5.0
+        slave = next((e for e in later if e.value.get("brokerRole") == "SLAVE"), None)
+        assert slave is not None and (slave.time_ns - t_resume) / 1e9 <= 5.0, "broker role never flipped"
+
+
+# -- row 4 -------------------------------------------------------------------------------------------
+async def isolate_leader(ctx: Ctx, hold_s: float) -> None:
+    await ctx.sleep(1)
+    leader, term = ctx.cluster.current_leader()
+    assert leader is not None, "no leader to isolate"
+    await ctx.cluster.isolate(leader.name)
+    ctx.extra["isolated"] = {"member": leader.name, "term": term}
+    await asyncio.sleep(hold_s)
+    await ctx.cluster.heal()
+    await ctx.sleep(ctx.remaining())
+
+
+def minority_acks(events: list[Event], member: str) -> int:
+    """Sends to the isolated member invoked after the partition that were acked before the heal."""
+    t_part = _nemesis_time(events, "partition")[0]
+    t_heal = _nemesis_time(events, "heal")[0]
+    return sum(1 for inv, done in pair_operations(e for e in events if e.f == "send")
+               if inv.node == member and inv.time_ns >= t_part and done is not None and done.type == OK
+               and done.time_ns < t_heal)
+
+
+@fault
+async def test_row04_leader_in_minority(tmp_path: Path) -> None:
+    report = await run_scenario("row04_leader_minority", 4, tmp_path, lambda ctx: isolate_leader(ctx, 6),
+                                duration_s=9)
+    assert_safe(report)
+    assert minority_acks(_events(tmp_path), report["extra"]["isolated"]["member"]) == 0, brief(report)
+    assert report["recovery_after_heal_s"] is not None and report["recovery_after_heal_s"] < 5, brief(report)
+
+
+# -- row 5 -------------------------------------------------------------------------------------------
+@fault_full
+async def test_row05_flapping_partitions(tmp_path: Path) -> None:
+    async def nemesis(ctx: Ctx) -> None:
+        names = [m.name for m in ctx.cluster.members]
+        while ctx.remaining() > 1:
+            shape = ctx.rng.choice(["halves", "bridge", "heal"])
+            await ctx.cluster.heal()
+            order = ctx.rng.sample(names, len(names))
+            if shape == "halves":
+                await ctx.cluster.partition({order[0]}, set(order[1:]))
+            elif shape == "bridge":  # order[2] sees both, the other two cannot see each other
+                await ctx.cluster.block(order[0], order[1])
+                await ctx.cluster.block(order[1], order[0])
+            ctx.extra.setdefault("shapes", []).append(shape)
+            await ctx.sleep(ctx.rng.uniform(2, 4))
+
+    report = await run_scenario("row05_flapping", 5, tmp_path, nemesis, duration_s=30)
+    assert_safe(report, new_master=False)  # a bridge may keep the leader; liveness is the heal bound
+    assert report["recovery_after_heal_s"] is not None and report["recovery_after_heal_s"] < 5, brief(report)
+
+
+# -- row 6 -------------------------------------------------------------------------------------------
+@fault_full
+async def test_row06_one_way_link(tmp_path: Path) -> None:
+    async def nemesis(ctx: Ctx) -> None:
+        await ctx.sleep(1)
+        leader, term = ctx.cluster.current_leader()
+        follower = next(m for m in ctx.cluster.members if m is not leader)
+        await ctx.cluster.block(follower.name, leader.name)  # follower→leader dropped, leader→follower ok
+        ctx.extra["term_before"] = term
+        await asyncio.sleep(10)
+        ctx.extra["term_at_heal"] = ctx.cluster.max_term()
+        await ctx.cluster.heal()
+        await ctx.sleep(ctx.remaining())
+
+    report = await run_scenario("row06_one_way", 6, tmp_path, nemesis, duration_s=13)
+    assert_safe(report, new_master=False)
+    # No runaway term growth: pre-vote / check-quorum keep the cut-off follower from churning terms.
+    assert report["extra"]["term_at_heal"] - report["extra"]["term_before"] <= 2, brief(report)
+
+
+# -- row 7 -------------------------------------------------------------------------------------------
+async def power_loss_and_pause(ctx: Ctx) -> None:
+    while ctx.remaining() > 4:
+        await ctx.sleep(2)
+        leader, _ = ctx.cluster.current_leader()
+        if leader is None:
+            continue
+        other = ctx.rng.choice([m for m in ctx.cluster.members if m is not leader])
+        ctx.cluster.pause(other)
+        await asyncio.sleep(0.5)
+        ctx.extra.setdefault("cuts", []).append(ctx.cluster.kill(leader, power_loss=True))
+        await asyncio.sleep(1.5)
+        ctx.cluster.resume(other)
+        await ctx.cluster.restart(leader)
+
+
+@fault_full
+async def test_row07_power_loss_plus_pause_sync_flush(tmp_path: Path) -> None:
+    report = await run_scenario("row07_power_loss_pause", 7, tmp_path, power_loss_and_pause, duration_s=20,
+                                cluster_kwargs={"record_fsync": True, "flush_disk_type": "SYNC_FLUSH"})
+    assert_safe(report)
+
+
+# -- row 8 -------------------------------------------------------------------------------------------
+async def coordinated_power_loss(ctx: Ctx, cycles: int = 2) -> None:
+    for _ in range(cycles):
+        await ctx.sleep(2.5)
+        term = ctx.cluster.max_term()
+        for m in ctx.cluster.members:
+            ctx.extra.setdefault("cuts", []).append(
+                ctx.cluster.kill(m, power_loss=True, count_as_leader_fault=False))
+        for m in ctx.cluster.members:
+            ctx.cluster.start_member(m)
+        ctx.cluster.mark_leader_fault("restart_all", term)
+        for m in ctx.cluster.members:
+            await ctx.cluster.wait_member_up(m)
+
+
+@fault
+async def test_row08_coordinated_power_loss_sync_flush(tmp_path: Path) -> None:
+    report = await run_scenario("row08_coordinated_power_loss", 8, tmp_path, coordinated_power_loss,
+                                duration_s=8,
+                                cluster_kwargs={"record_fsync": True, "flush_disk_type": "SYNC_FLUSH"})
+    assert_safe(report)
+    assert sum(c["bytes_zeroed"] for c in report["extra"]["cuts"]) >= 0
+
+
+# -- row 9 -------------------------------------------------------------------------------------------
+@fault_full
+async def test_row09_torn_tail(tmp_path: Path) -> None:
+    async def nemesis(ctx: Ctx) -> None:
+        while ctx.remaining() > 3:
+            await ctx.sleep(2)
+            leader, _ = ctx.cluster.current_leader()
+            victim = (leader if leader is not None and ctx.rng.random() < 0.6
+                      else ctx.rng.choice(ctx.cluster.members))
+            ctx.cluster.kill(victim)
+            ctx.extra.setdefault("torn", []).append(ctx.cluster.torn_tail(victim))
+            await ctx.cluster.restart(victim)
+
+    report = await run_scenario("row09_torn_tail", 9, tmp_path, nemesis, duration_s=16)
+    assert_safe(report)
+
+
+# -- row 10 ------------------------------------------------------------------------------------------
+async def minority_corruption(ctx: Ctx) -> None:
+    await ctx.sleep(3)
+    leader, _ = ctx.cluster.current_leader()
+    victim = next(m for m in ctx.cluster.members if m is not leader)
+    committed = int(ctx.cluster.last_status.get(victim.name, {}).get("committedIndex", 0))
+    ctx.cluster.kill(victim)
+    ctx.extra["flip"] = ctx.cluster.bit_flip(victim, index=max(1, committed // 2))
+    ctx.extra["victim"] = victim.name
+    try:
+        await ctx.cluster.restart(victim)
+    except RuntimeError as exc:  # refusing to start on a corrupt log is an accepted fail-stop
+        ctx.extra["fail_stop"] = str(exc)[-300:]
+        return
+    await ctx.sleep(2)
+    # Now take the leader away: the corrupted member must not win with the corrupt entry.
+    leader, _ = ctx.cluster.current_leader()
+    if leader is not None and leader is not victim:
+        ctx.cluster.kill(leader)
+        await asyncio.sleep(2)
+        await ctx.cluster.restart(leader)
+    await ctx.sleep(ctx.remaining())
+
+
+@fault
+async def test_row10_minority_corruption(tmp_path: Path) -> None:
+    report = await run_scenario("row10_minority_corruption", 10, tmp_path, minority_corruption, duration_s=10)
+    assert_safe(report)
+    victim = report["extra"]["victim"]
+    if victim not in report["fail_stopped"]:
+        # It recovered by truncating and re-fetching: its committed bytes equal the others'.
+        assert any(victim in (c["a"], c["b"]) for c in report["prefixes"]["compared"]), brief(report)
+
+
+# -- row 11 ------------------------------------------------------------------------------------------
+@fault_full
+async def test_row11_clock_skew(tmp_path: Path) -> None:
+    """n1's wall clock runs 45 s ahead, n2's strobes between +-20 s; n0's is true. Safety must not
+    change; only storeTimestamp follows the master's (skewed) clock."""
+    launch = {"n1": ["--clock-offset-ms=45000"], "n2": ["--clock-strobe-ms=20000"]}
+    report = await run_scenario("row11_clock_skew", 11, tmp_path, leader_crash_loop, duration_s=15,
+                                cluster_kwargs={"launch_args": launch})
+    assert_safe(report)
+
+
+# -- row 12 ------------------------------------------------------------------------------------------
+@fault_full
+async def test_row12_consumer_crash_mid_batch(tmp_path: Path) -> None:
+    histories: list[Path] = []
+    procs: list[subprocess.Popen] = []
+
+    def spawn(ctx: Ctx) -> subprocess.Popen:
+        path = tmp_path / f"consumer-{len(histories)}.jsonl"
+        histories.append(path)
+        urls = ",".join(m.url for m in ctx.cluster.members)
+        p = subprocess.Popen([PY, "-m", "tests.fault.consumer_worker", "--members", urls, "--group", "g1",
+                              "--topic", "jepsen", "--queues", "4", "--history", str(path),
+                              "--first-op-id", str((len(histories)) * 10**9)], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "consumer.log", "ab"))
+        procs.append(p)
+        return p
+
+    async def nemesis(ctx: Ctx) -> None:
+        p = spawn(ctx)
+        while ctx.remaining() > 1:
+            await ctx.sleep(ctx.rng.uniform(1, 3))
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(5)
+            ctx.history.nemesis("kill_consumer", p.pid)
+            p = spawn(ctx)
+
+    async def drain(ctx: Ctx) -> None:
+        await asyncio.sleep(6)  # the last consumer catches up
+
+    try:
+        report = await run_scenario("row12_consumer_crash", 12, tmp_path, nemesis, duration_s=15,
+                                    extra_histories=lambda: histories, after_heal=drain)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(5)
+    assert_safe(report, new_master=False)
+    assert report["consumer_offsets"]["reads"] > 10, brief(report)
+
+
+# -- row 13 ------------------------------------------------------------------------------------------
+@fault_full
+async def test_row13_long_poll_across_failover(tmp_path: Path) -> None:
+    wait_ms = 2000
+    report = await run_scenario("row13_long_poll_failover", 13, tmp_path, leader_crash_loop, duration_s=15,
+                                workload=WorkloadConfig(pollers=4, poll_wait_ms=wait_ms))
+    assert_safe(report)
+    polls = [(inv, done) for inv, done in pair_operations(e for e in _events(tmp_path) if e.f == "poll")
+             if done is not None and done.type == OK]
+    assert polls, brief(report)
+    slowest = max((done.time_ns - inv.time_ns) / 1e9 for inv, done in polls)
+    assert slowest <= wait_ms / 1000 + 3, f"a long poll overran its wait: {slowest:.2f}s"
+
+
+# -- row 14 ------------------------------------------------------------------------------------------
+@fault_full
+async def test_row14_broker_container_crash(tmp_path: Path) -> None:
+    pytest.skip("broker container hosting a master of A and a slave of B: needs two DLedger groups in "
+                "mqbrokercontainer; not wired into the harness yet")
+
+
+# -- row 15 ------------------------------------------------------------------------------------------
+@fault_full
+async def test_row15_namesrv_outage(tmp_path: Path) -> None:
+    async def nemesis(ctx: Ctx) -> None:
+        url = f"http://127.0.0.1:{ctx.cluster.namesrv_port}/routes/jepsen"
+        async with httpx.AsyncClient(timeout=2) as http:
+            before = (await http.get(url)).json()  # the client's cached route
+            ctx.extra["route_brokers"] = [b["brokerName"] for b in before.get("brokers", [])]
+            ctx.cluster.kill_namesrv()
+            await ctx.sleep(ctx.duration_s - 2)
+            await ctx.cluster.restart_namesrv()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 40:  # brokers re-register on their 30 s heartbeat
+                r = await http.get(url)
+                if r.status_code == 200 and r.json().get("brokers"):
+                    ctx.extra["reregistered_after_s"] = round(time.monotonic() - t0, 1)
+                    break
+                await asyncio.sleep(0.5)
+
+    report = await run_scenario("row15_namesrv_outage", 15, tmp_path, nemesis, duration_s=32)
+    assert_safe(report, new_master=False)
+    events = _events(tmp_path)
+    t_kill, t_back = _nemesis_time(events, "kill_namesrv")[0], _nemesis_time(events, "start_namesrv")[0]
+    during = sum(1 for inv, done in pair_operations(e for e in events if e.f == "send")
+                 if done is not None and done.type == OK and t_kill < inv.time_ns < t_back)
+    assert during > 20, "brokers stopped serving while the name server was down"
+    assert report["extra"].get("reregistered_after_s") is not None, brief(report)
+
+
+# -- row 16 ------------------------------------------------------------------------------------------
+@fault_full
+async def test_row16_producer_retries_idempotent(tmp_path: Path) -> None:
+    cfg = WorkloadConfig(short_timeouts=True, retries=3, idempotent=True)
+    report = await run_scenario("row16_retries_idempotent", 16, tmp_path, leader_crash_loop, duration_s=12,
+                                workload=cfg)
+    assert_safe(report)
+    assert report["total_queue"]["info"] > 0, "the short timeouts did not force any retry"
+    assert report["total_queue"]["retry_duplicated_count"] == 0, brief(report)
+
+
+@fault_full
+async def test_row16_producer_retries_without_keys_reports_duplicates_apart(tmp_path: Path) -> None:
+    cfg = WorkloadConfig(short_timeouts=True, retries=3, idempotent=False)
+    report = await run_scenario("row16_retries_plain", 16, tmp_path, leader_crash_loop, duration_s=12,
+                                workload=cfg)
+    assert_safe(report)  # retry duplicates are counted apart and are not a broker fault
+
+
+# -- harness self-tests: the suite must be able to fail ------------------------------------------------
+@fault
+async def test_selftest_unsafe_ack_before_quorum_is_caught(tmp_path: Path) -> None:
+    """With the debug switch that acks before quorum, an isolated leader acks writes the majority
+    never sees; after the heal they are truncated. The checker must report them lost."""
+    report = await run_scenario("selftest_unsafe_ack", "self-test", tmp_path,
+                                lambda ctx: isolate_leader(ctx, 4), duration_s=6,
+                                cluster_kwargs={"unsafe_ack": True})
+    assert report["total_queue"]["lost_count"] > 0, (
+        f"acking before quorum lost nothing: the suite cannot see losses: {brief(report)}")
+
+
+@fault_full
+async def test_selftest_async_flush_power_loss_is_caught(tmp_path: Path) -> None:
+    """ASYNC_FLUSH acks from the page cache; a coordinated power loss with a slow flush loses acked
+    writes, and the checker must see it (the documented, bounded loss of ASYNC_FLUSH)."""
+    report = await run_scenario("selftest_async_flush_power_loss", "self-test", tmp_path,
+                                lambda ctx: coordinated_power_loss(ctx, cycles=1), duration_s=5,
+                                cluster_kwargs={"record_fsync": True, "flush_disk_type": "ASYNC_FLUSH",
+                                                "dledger_overrides": {"flush_file_interval_ms": 2000}})
+    assert report["total_queue"]["lost_count"] > 0, f"no loss under ASYNC_FLUSH power loss: {brief(report)}"
+
+
+if __name__ == "__main__":  # pragma: no cover - convenience: run the CI subset
+    sys.exit(subprocess.call([PY, "-m", "pytest", "-q", "-m", "fault", __file__]))
