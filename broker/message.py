@@ -27,6 +27,7 @@ in upper-case hex (32 characters), RocketMQ's `MessageDecoder.createMessageId`.
 
 from __future__ import annotations
 
+import functools
 import socket
 import struct
 import time
@@ -78,6 +79,7 @@ def tags_hash_code(tags: str | None) -> int:
     return h - (1 << 32) if h >= 1 << 31 else h
 
 
+@functools.lru_cache(maxsize=1024)
 def pack_host(addr: str) -> tuple[bytes, int]:
     """'a.b.c.d:port' -> (4 IPv4 bytes, port). Unresolvable host names pack as 0.0.0.0."""
     host, _, port = addr.rpartition(":")

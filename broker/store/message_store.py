@@ -361,7 +361,7 @@ class DefaultMessageStore:
             raise
         self._pending.update(mine)
         try:
-            stored = await self._append(bufs) if bufs else []
+            stored = await self._append(bufs, topic, queue_id) if bufs else []
         except BaseException as exc:
             for k, p in mine.items():
                 self._pending.pop(k, None)
@@ -392,18 +392,18 @@ class DefaultMessageStore:
                              max_message_size=self.config.max_message_size)
         return buf
 
-    async def _append(self, bufs: list[bytearray]) -> list[PutResult]:
+    async def _append(self, bufs: list[bytearray], topic: str, queue_id: int) -> list[PutResult]:
         if self.dledger:
             placed = await self.commit_log.put(bufs)
         else:
-            placed = self._put_local(bufs)
+            placed = self._put_local(bufs, topic, queue_id)
             if self.commit_log.sync_flush:
                 await self.commit_log.flush()
         host = self.config.broker_addr
         return [PutResult(create_message_id(host, phys), qid, qoff, phys, size)
                 for (phys, size, qid, qoff) in placed]
 
-    def _put_local(self, bufs: list[bytearray]) -> list[tuple[int, int, int, int]]:
+    def _put_local(self, bufs: list[bytearray], topic: str, queue_id: int) -> list[tuple[int, int, int, int]]:
         """Local mode: assign queue offsets and physical offsets and write — no await in between,
         so concurrent puts cannot interleave — then dispatch what is now committed."""
         limit = self.commit_log.files.file_size - 8
@@ -413,22 +413,15 @@ class DefaultMessageStore:
                                   f"message of {len(b)} bytes exceeds a commit-log file ({limit} usable)")
         placed = []
         for b in bufs:
-            topic_qid = self._topic_qid_of(b)
-            qoff = self.assign_queue_offset(*topic_qid)
+            qoff = self.assign_queue_offset(topic, queue_id)
             phys = self.commit_log.next_position(len(b))
             _LONG.pack_into(b, 20, qoff)
             _LONG.pack_into(b, 28, phys)
             at = self.commit_log.append(b)
             assert at == phys, (at, phys)
-            placed.append((phys, len(b), topic_qid[1], qoff))
+            placed.append((phys, len(b), queue_id, qoff))
         self.reput_local()
         return placed
-
-    @staticmethod
-    def _topic_qid_of(buf: bytearray) -> tuple[str, int]:
-        from broker.message import read_topic_and_queue
-
-        return read_topic_and_queue(buf)
 
     async def append_system_record(self, sys_topic: str, record: dict[str, Any], *,
                                    force: bool = False) -> None:
