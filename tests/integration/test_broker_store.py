@@ -34,7 +34,7 @@ def make_config(mode: str, root: str, port: int | None = None) -> BrokerConfig:
                        mapped_file_size_consume_queue=20 * 50, default_topic_queue_nums=4,
                        max_message_size=16 * 1024, listen_port=18080)
     if mode == "dledger":
-        pytest.importorskip("dledger.server")
+        pytest.importorskip("dledger.rpc.tcp")  # the DLedger TCP transport
         cfg.enable_dleger_commit_log = True
         cfg.dleger_group = "g"
         cfg.dleger_self_id = "n0"

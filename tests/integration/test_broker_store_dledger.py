@@ -15,7 +15,7 @@ from broker.errors import BrokerCode, BrokerError
 from broker.message import PHY_POS_POSITION, Message, decode_message
 from tests.integration.test_broker_store import free_port
 
-pytest.importorskip("dledger.server")
+pytest.importorskip("dledger.rpc.tcp")
 
 ENTRY_HEADER = struct.Struct(">iiqqqiiii")
 DATA_FILE_SIZE = 8 * 1024  # tiny DLedger data files: many roll-overs
