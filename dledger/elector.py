@@ -502,9 +502,9 @@ class DLedgerLeaderElector:
             resp = await self.rpc.leadership_transfer(transferee, req, timeout_s)
             if resp.code != DLedgerResponseCode.SUCCESS:
                 raise DLedgerException(DLedgerResponseCode.value_of(resp.code), f"{transferee} refused")
-            while ms.curr_term == term and loop.time() < deadline:
+            while ms.leader_id != transferee and loop.time() < deadline:
                 await self.wait_role_change(deadline - loop.time())
-            if ms.leader_id != transferee and ms.curr_term == term:
+            if ms.leader_id != transferee:
                 raise DLedgerException(
                     DLedgerResponseCode.TAKE_LEADERSHIP_FAILED, f"{transferee} did not take over"
                 )

@@ -40,6 +40,7 @@ class SimCluster:
     n: int
     seed: int
     sync_flush: bool = False
+    unsafe_ack: bool = False  # test-only: ack before quorum, to prove the checkers catch losses
     members: dict[str, SimMember] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -58,6 +59,7 @@ class SimCluster:
                 max_batch_push_count=16,
                 max_pending_push_batches=4,
                 max_wait_ack_time_ms=2500,
+                unsafe_ack_before_quorum=self.unsafe_ack,
             )
             self.members[m] = SimMember(m, cfg, DLedgerMemoryStore(cfg))
         self.leaders_by_term: dict[int, str] = {}
@@ -66,6 +68,7 @@ class SimCluster:
         self.leader_verified: dict[tuple[str, int], int] = {}  # (leader, term) -> acked indexes verified
         self.max_acked = -1
         self.acked_order: list[int] = []
+        self.violations: list[str] = []
         self.client_tasks: set[asyncio.Task[None]] = set()
         self.append_ok = 0
         self.append_failed = 0
@@ -139,7 +142,17 @@ class SimCluster:
             self.append_failed += 1
             return
         self.append_ok += 1
+        quorum = self.n // 2 + 1
         for r, body in zip(results, bodies, strict=True):
+            # At the moment of the answer the entry must be on a majority (with SYNC_FLUSH: on disk).
+            holders = sum(
+                1
+                for m in self.members.values()
+                if self._holds(m, r.index, r.term, body)
+                and (not self.sync_flush or m.store.flushed_index >= r.index)
+            )
+            if holders < quorum:
+                self.violations.append(f"index {r.index} acked while held by {holders} < {quorum} members")
             prev = self.acked.get(r.index)
             if prev is not None and prev != (r.term, body):
                 raise InvariantViolation(f"index {r.index} acked twice: {prev} and {(r.term, body)}")
@@ -152,6 +165,8 @@ class SimCluster:
     def check(self) -> None:
         """Raft safety, after every step (Raft §5.2 election safety, §5.3 log matching on the
         committed prefix, §5.4 leader completeness for acknowledged appends)."""
+        if self.violations:
+            raise InvariantViolation("; ".join(self.violations[:5]))
         for m in self.members.values():
             if m.store.violations:
                 raise InvariantViolation(f"{m.member_id}: {m.store.violations}")

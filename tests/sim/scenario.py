@@ -41,9 +41,12 @@ async def _transfer(cluster: SimCluster, target: str) -> bool:
     return False
 
 
-async def run_scenario(seed: int, n: int = 3, steps: int = 300, sync_flush: bool | None = None) -> SimResult:
+async def run_scenario(
+    seed: int, n: int = 3, steps: int = 300, sync_flush: bool | None = None, unsafe_ack: bool = False
+) -> SimResult:
     """Run one seeded scenario; raises InvariantViolation (or AssertionError) on a failure."""
-    cluster = SimCluster(n=n, seed=seed, sync_flush=bool(seed % 2) if sync_flush is None else sync_flush)
+    sync = bool(seed % 2) if sync_flush is None else sync_flush
+    cluster = SimCluster(n=n, seed=seed, sync_flush=sync, unsafe_ack=unsafe_ack)
     rng = cluster.rng
     net = cluster.network
     loop = asyncio.get_running_loop()
@@ -121,11 +124,13 @@ async def run_scenario(seed: int, n: int = 3, steps: int = 300, sync_flush: bool
         await cluster.stop()
 
 
-def run_seed(seed: int, n: int = 3, steps: int = 300, sync_flush: bool | None = None) -> SimResult:
+def run_seed(
+    seed: int, n: int = 3, steps: int = 300, sync_flush: bool | None = None, unsafe_ack: bool = False
+) -> SimResult:
     """Run a scenario on a fresh virtual-time loop (deterministic)."""
     loop = VirtualTimeLoop()
     try:
-        return loop.run_until_complete(run_scenario(seed, n, steps, sync_flush))
+        return loop.run_until_complete(run_scenario(seed, n, steps, sync_flush, unsafe_ack))
     finally:
         loop.close()
 

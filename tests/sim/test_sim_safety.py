@@ -42,3 +42,15 @@ def test_five_member_group_keeps_raft_safety_under_faults() -> None:
 def test_a_seed_replays_exactly(seed: int) -> None:
     """Determinism: the same seed gives the same run (virtual time, acks, elections)."""
     assert run_seed(seed, 3, 150) == run_seed(seed, 3, 150)
+
+
+def test_checkers_catch_acks_given_before_quorum() -> None:
+    """The invariants can fail: acking before replication (test-only flag) must be caught on
+    some seed once crashes lose unflushed data."""
+    caught = 0
+    for seed in range(1, 10, 2):
+        try:
+            run_seed(seed, 3, STEPS, sync_flush=True, unsafe_ack=True)
+        except AssertionError:
+            caught += 1
+    assert caught > 0

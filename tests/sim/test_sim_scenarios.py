@@ -1,0 +1,154 @@
+"""Scripted scenarios on the simulated network, named after the behaviour they pin down."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from dledger.codes import DLedgerException, DLedgerResponseCode
+from dledger.member_state import Role
+from dledger.rpc.memory import VirtualTimeLoop
+from tests.sim.cluster import SimCluster, SimMember
+
+
+def run(body: Callable[[SimCluster], Awaitable[None]], n: int = 3, seed: int = 1) -> None:
+    async def main() -> None:
+        cluster = SimCluster(n=n, seed=seed)
+        await cluster.start()
+        try:
+            await body(cluster)
+            cluster.final_check()
+        finally:
+            await cluster.stop()
+
+    loop = VirtualTimeLoop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+async def wait_leader(cluster: SimCluster, timeout_s: float = 5.0) -> SimMember:
+    for _ in range(int(timeout_s / 0.05)):
+        leaders = cluster.leaders()
+        if len(leaders) == 1:
+            return leaders[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError("no leader")
+
+
+def test_first_leader_is_elected_and_appends_commit_on_all_members() -> None:
+    async def body(c: SimCluster) -> None:
+        leader = await wait_leader(c)
+        results = await leader.server.append([b"a", b"b", b"c"])  # type: ignore[union-attr]
+        assert [r.index for r in results] == [1, 2, 3]  # index 0 is the leader's no-op (Raft §8)
+        await asyncio.sleep(1.0)
+        for m in c.members.values():
+            assert m.store.committed_index == 3
+            assert m.store.get(0).magic == 2 and m.store.get(2).body == b"b"
+
+    run(body)
+
+
+def test_partitioned_member_rejoining_does_not_depose_leader() -> None:
+    """Pre-vote (Raft thesis §9.6): the isolated member never raises its term."""
+
+    async def body(c: SimCluster) -> None:
+        leader = await wait_leader(c)
+        term = leader.server.member_state.curr_term  # type: ignore[union-attr]
+        follower = next(m for m in c.members.values() if m is not leader)
+        others = [m.member_id for m in c.members.values() if m is not follower]
+        c.network.partition([[follower.member_id], others])
+        await asyncio.sleep(5.0)
+        assert follower.server.member_state.curr_term == term  # type: ignore[union-attr]
+        c.network.heal()
+        await asyncio.sleep(3.0)
+        assert leader.server.member_state.role == Role.LEADER  # type: ignore[union-attr]
+        assert leader.server.member_state.curr_term == term  # type: ignore[union-attr]
+        assert follower.server.member_state.leader_id == leader.member_id  # type: ignore[union-attr]
+
+    run(body)
+
+
+def test_isolated_leader_steps_down_and_majority_elects_new_one() -> None:
+    async def body(c: SimCluster) -> None:
+        leader = await wait_leader(c)
+        others = [m.member_id for m in c.members.values() if m is not leader]
+        c.network.partition([[leader.member_id], others])
+        await asyncio.sleep(3.0)
+        assert leader.server.member_state.role == Role.CANDIDATE  # type: ignore[union-attr]
+        new = [m for m in c.leaders()]
+        assert len(new) == 1 and new[0] is not leader
+
+    run(body)
+
+
+def test_old_leader_uncommitted_tail_is_truncated() -> None:
+    """COMPARE/TRUNCATE: entries the old leader appended alone are replaced by the new leader's."""
+
+    async def body(c: SimCluster) -> None:
+        leader = await wait_leader(c)
+        await leader.server.append([b"committed"])  # type: ignore[union-attr]
+        others = [m.member_id for m in c.members.values() if m is not leader]
+        c.network.partition([[leader.member_id], others])
+        lost = asyncio.get_running_loop().create_task(leader.server.append([b"lost1", b"lost2"]))  # type: ignore[union-attr]
+        await asyncio.sleep(3.0)
+        with pytest.raises(DLedgerException) as exc:
+            await lost
+        assert exc.value.code in (
+            DLedgerResponseCode.TERM_CHANGED,
+            DLedgerResponseCode.WAIT_QUORUM_ACK_TIMEOUT,
+        )
+        tail_index = leader.store.ledger_end_index
+        assert leader.store.get(tail_index).body == b"lost2"
+        new = await wait_leader(c)
+        await new.server.append([b"n1", b"n2", b"n3"])  # type: ignore[union-attr]
+        c.network.heal()
+        await asyncio.sleep(3.0)
+        end = new.store.ledger_end_index
+        for m in c.members.values():
+            assert m.store.committed_index == end
+            bodies = [m.store.get(i).body for i in range(end + 1)]
+            assert b"lost1" not in bodies and bodies[-3:] == [b"n1", b"n2", b"n3"]
+
+    run(body)
+
+
+def test_leadership_transfer_to_named_member_then_appends_continue() -> None:
+    async def body(c: SimCluster) -> None:
+        leader = await wait_leader(c)
+        await leader.server.append([b"x"] * 10)  # type: ignore[union-attr]
+        target = next(m for m in c.members.values() if m is not leader)
+        await leader.server.leadership_transfer(target.member_id)  # type: ignore[union-attr]
+        assert target.server.member_state.role == Role.LEADER  # type: ignore[union-attr]
+        with pytest.raises(DLedgerException) as exc:
+            await leader.server.append([b"y"])  # type: ignore[union-attr]
+        assert exc.value.code == DLedgerResponseCode.NOT_LEADER
+        assert exc.value.leader_id == target.member_id  # type: ignore[attr-defined]
+        results = await target.server.append([b"after"])  # type: ignore[union-attr]
+        assert results[0].term == target.server.member_state.curr_term  # type: ignore[union-attr]
+
+    run(body, n=5)
+
+
+def test_preferred_leader_takes_over_when_caught_up() -> None:
+    async def body(c: SimCluster) -> None:
+        await wait_leader(c)
+        await asyncio.sleep(10.0)
+        leaders = c.leaders()
+        assert [m.member_id for m in leaders] == ["n2"]
+
+    def with_preference(
+        cluster_body: Callable[[SimCluster], Awaitable[None]],
+    ) -> Callable[[SimCluster], Awaitable[None]]:
+        async def wrapped(c: SimCluster) -> None:
+            for m in c.members.values():
+                m.config.preferred_leader_ids = "n2"
+            await cluster_body(c)
+
+        return wrapped
+
+    # The preference is read by each member's elector at runtime (every 3 s while leader).
+    run(with_preference(body))
