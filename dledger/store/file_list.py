@@ -359,7 +359,13 @@ class MmapFileList:
 
     def dirty_files(self) -> list[tuple[MmapFile, int]]:
         """(file, write position now) for every file with bytes not yet flushed."""
-        return [(mf, mf.wrote_pos) for mf in self.files if mf.flushed_pos < mf.wrote_pos]
+        out = []
+        # Files are written in order: scanning back from the last, the first clean file ends it.
+        for mf in reversed(self.files):
+            if mf.flushed_pos >= mf.wrote_pos:
+                break
+            out.append((mf, mf.wrote_pos))
+        return out
 
     @staticmethod
     def fsync_files(targets: list[tuple[MmapFile, int]]) -> None:

@@ -1,0 +1,148 @@
+"""Benchmark of DLedgerMmapFileStore: append_as_leader (single and batch of 100) with 100 B, 1 KB and
+64 KB bodies, get, and SYNC_FLUSH group commit with 64 concurrent appenders.
+
+Prints a table and writes bench/results/store_bench.json. Targets (issue 2, ASYNC_FLUSH): batch
+>= 300k entries/s at 100 B, >= 150k/s at 1 KB, >= 500 MB/s at 64 KB; get >= 300k/s; SYNC_FLUSH with
+group commit >= 20k appends/s.
+
+    .venv/bin/python bench/store_bench.py [--dir /tmp] [--seconds 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import uvloop
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dledger.config import DLedgerConfig
+from dledger.entry import DLedgerEntry
+from dledger.store.mmap_store import DLedgerMmapFileStore
+
+SIZES = ((100, 300_000), (1024, 150_000), (64 * 1024, 6_000))
+TARGETS = {("batch100", 100): ("entries/s", 300_000), ("batch100", 1024): ("entries/s", 150_000),
+           ("batch100", 64 * 1024): ("MB/s", 500), ("get", 100): ("entries/s", 300_000),
+           ("get", 1024): ("entries/s", 300_000), ("sync_flush_64", 100): ("entries/s", 20_000)}
+
+
+def make_store(base: str, flush_disk_type: str = "ASYNC_FLUSH") -> DLedgerMmapFileStore:
+    cfg = DLedgerConfig(store_base_dir=base, flush_disk_type=flush_disk_type,
+                        mapped_file_size_for_entry_data=1024 * 1024 * 1024,
+                        mapped_file_size_for_entry_index=32 * 1024 * 1024)
+    return DLedgerMmapFileStore(cfg)
+
+
+def row(mode: str, body: int, n: int, seconds: float) -> dict:
+    return {"mode": mode, "body_bytes": body, "entries": n, "seconds": round(seconds, 4),
+            "entries_per_s": round(n / seconds), "mb_per_s": round(n * body / seconds / 1e6, 1)}
+
+
+async def bench_async(base: str, body_len: int, n: int) -> list[dict]:
+    store = make_store(base)
+    await store.start()
+    body = b"b" * body_len
+    out = []
+    try:
+        # batch of 100: the entries are built before timing (the caller's work, not the store's)
+        batches = [[DLedgerEntry(body=body) for _ in range(100)] for _ in range(n // 100)]
+        t = time.perf_counter()
+        for batch in batches:
+            store.batch_append_as_leader(batch, 1)
+            await asyncio.sleep(0)  # let the flush service run, as in a server
+        out.append(row("batch100", body_len, n // 100 * 100, time.perf_counter() - t))
+        del batches
+        singles = [DLedgerEntry(body=body) for _ in range(n)]
+        append = store.append_as_leader
+        t = time.perf_counter()
+        for k in range(0, n, 100):
+            for e in singles[k:k + 100]:
+                append(e, 1)
+            await asyncio.sleep(0)
+        out.append(row("single", body_len, n, time.perf_counter() - t))
+        del singles
+        get = store.get
+        total = store.ledger_end_index + 1
+        t = time.perf_counter()
+        for i in range(total):
+            get(i)
+        out.append(row("get", body_len, total, time.perf_counter() - t))
+    finally:
+        await store.shutdown()
+    return out
+
+
+async def bench_sync_flush(base: str, seconds: float, appenders: int = 64, body_len: int = 100) -> dict:
+    store = make_store(base, "SYNC_FLUSH")
+    await store.start()
+    body = b"s" * body_len
+    done = 0
+    stop = time.perf_counter() + seconds
+
+    async def appender() -> None:
+        nonlocal done
+        while time.perf_counter() < stop:
+            e = store.append_as_leader(DLedgerEntry(body=body), 1)
+            await store.wait_flushed(e.index)
+            done += 1
+
+    try:
+        t = time.perf_counter()
+        await asyncio.gather(*(appender() for _ in range(appenders)))
+        r = row(f"sync_flush_{appenders}", body_len, done, time.perf_counter() - t)
+        r["fsync_rounds"] = store.flush_rounds
+    finally:
+        await store.shutdown()
+    return r
+
+
+async def run(args: argparse.Namespace) -> list[dict]:
+    results = []
+    for body_len, n in SIZES:
+        n = n // 10 if args.quick else n
+        base = tempfile.mkdtemp(prefix="store-bench-", dir=args.dir)
+        try:
+            results += await bench_async(base, body_len, n)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+    base = tempfile.mkdtemp(prefix="store-bench-", dir=args.dir)
+    try:
+        results.append(await bench_sync_flush(base, args.seconds / (3 if args.quick else 1)))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default=None, help="where to put the temporary stores")
+    parser.add_argument("--seconds", type=float, default=3.0, help="SYNC_FLUSH run time")
+    parser.add_argument("--quick", action="store_true", help="a tenth of the entries")
+    args = parser.parse_args()
+    results = uvloop.run(run(args))
+    header = f"{'mode':<16}{'body':>8}{'entries':>10}{'entries/s':>12}{'MB/s':>9}  target"
+    lines = [header, "-" * len(header)]
+    for r in results:
+        unit, goal = TARGETS.get((r["mode"], r["body_bytes"]), ("", None))
+        got = r["entries_per_s"] if unit == "entries/s" else r["mb_per_s"]
+        r["target"] = None if goal is None else {"unit": unit, "min": goal, "met": got >= goal}
+        mark = "" if goal is None else f">= {goal:,} {unit} {'ok' if got >= goal else 'MISSED'}"
+        lines.append(f"{r['mode']:<16}{r['body_bytes']:>8}{r['entries']:>10}{r['entries_per_s']:>12,}"
+                     f"{r['mb_per_s']:>9.1f}  {mark}")
+    sys.stdout.write("\n".join(lines) + "\n")
+    out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "store_bench.json"), "w") as f:
+        json.dump({"bench": "store_bench", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "python": sys.version.split()[0], "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
