@@ -184,13 +184,44 @@ class RouteCache:
             try:
                 doc = await self.transport.request("GET", f"{url}/routes/{topic}", timeout_s=3.0)
             except TopicNotExistError:
-                raise
+                # A topic no broker registered yet (auto-created on first produce): offer every
+                # broker set with a master and let the broker pick the queue (RocketMQ uses the
+                # TBW102 default route the same way). Kept briefly, then looked up again.
+                fallback = await self._cluster_route(url, topic)
+                if fallback is None:
+                    raise
+                return fallback
             except LedgerMQError as exc:
                 last = exc
                 continue
             self._next_ns = (self._next_ns + i) % len(self.namesrv_urls)
             return parse_route(doc)
         raise BrokerUnreachableError(f"no name server answered for topic {topic!r}: {last}")
+
+    async def _cluster_route(self, url: str, topic: str) -> TopicRoute | None:
+        try:
+            view = await self.transport.request("GET", f"{url}/cluster", timeout_s=3.0)
+        except LedgerMQError:
+            return None
+        brokers = [
+            BrokerSetRoute(
+                name,
+                {int(k): v for k, v in b["addrs"].items()},
+                0,
+                0,
+                PERM_READ | PERM_WRITE,
+                b.get("masterAddr"),
+            )
+            for name, b in sorted(view.get("brokers", {}).items())
+            if b.get("masterAddr")
+        ]
+        if not brokers:
+            return None
+        # Expire soon, so the real route (registered right after the auto-create) replaces it.
+        return TopicRoute(topic, brokers, fetched_at=time.monotonic() - self.ttl_s + DEFAULT_ROUTE_TTL_S)
+
+
+DEFAULT_ROUTE_TTL_S = 1.0
 
 
 def parse_route(doc: dict[str, Any]) -> TopicRoute:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from typing import Any
 
 import uvicorn
@@ -27,6 +28,21 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):  # type: ignore[override]
         yield
+
+
+def bind_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """Bind the listening socket ourselves: a port in use is then an OSError for the caller, not
+    uvicorn's sys.exit inside the shared event loop (which would take every hosted broker down)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(backlog)
+    sock.setblocking(False)
+    return sock
 
 
 def build_controller(config: BrokerConfig) -> Any:
@@ -66,29 +82,24 @@ class BrokerRuntime:
             ctx.on_topics_changed(self.registrar.kick)
             self._watch_roles(ctx)
             host = "127.0.0.1" if cfg.broker_ip1 in ("127.0.0.1", "localhost") else "0.0.0.0"
+            sock = bind_socket(host, cfg.listen_port)
             self.server = _Server(
                 uvicorn.Config(
                     self.app,
-                    host=host,
-                    port=cfg.listen_port,
                     loop="none",
                     http="httptools",
                     lifespan="off",
                     log_level="warning",
                     access_log=False,
                     timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                    backlog=2048,
                 )
             )
             self._serve_task = asyncio.get_running_loop().create_task(
-                self.server.serve(), name=f"http-{self.name}"
+                self.server.serve(sockets=[sock]), name=f"http-{self.name}"
             )
             while not self.server.started:
                 if self._serve_task.done():
-                    exc = self._serve_task.exception() if not self._serve_task.cancelled() else None
-                    raise RuntimeError(
-                        f"HTTP server of {self.name} did not start on port {cfg.listen_port}: {exc!r}"
-                    )
+                    raise RuntimeError(f"HTTP server of {self.name} stopped during start")
                 await asyncio.sleep(0.01)
             self.registrar.start()
         except BaseException:
@@ -110,8 +121,12 @@ class BrokerRuntime:
             return
 
         def on_role_change(controller: Any) -> None:
-            log.info("event=role_change_register broker=%s role=%s brokerId=%s", self.name,
-                     "MASTER" if ctx.is_master() else "SLAVE", ctx.broker_id())
+            log.info(
+                "event=role_change_register broker=%s role=%s brokerId=%s",
+                self.name,
+                "MASTER" if ctx.is_master() else "SLAVE",
+                ctx.broker_id(),
+            )
             if self.registrar is not None:
                 self.registrar.kick()
 

@@ -1,0 +1,226 @@
+"""`mqbrokercontainer -c broker-container.conf`: several brokers in one process and one event loop.
+
+Container keys (RocketMQ's BrokerContainer names): `listenHost` (default 0.0.0.0), `listenPort`
+(the container's own HTTP port: `/health`, `/brokers`), `namesrvAddr` (given to every hosted broker),
+`brokerConfigPaths`
+(`:`-separated broker .properties files; relative paths are relative to the container file).
+Each broker keeps its own store, ports and name-server registration. A broker that fails to start
+is reported (log, `/brokers`) and does not take the others down; SIGINT/SIGTERM stop all of them
+gracefully.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import difflib
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+import uvloop
+from fastapi import FastAPI
+
+from broker.config import ConfigError, load_broker_config, parse_properties
+
+log = logging.getLogger("broker.container")
+
+CONTAINER_KEYS = ("listenHost", "listenPort", "namesrvAddr", "brokerConfigPaths")
+
+
+@dataclass
+class ContainerConfig:
+    listen_host: str = "0.0.0.0"
+    listen_port: int = 10700
+    namesrv_addr: str = ""
+    broker_config_paths: list[str] = field(default_factory=list)
+    source: str = "<defaults>"
+
+    @classmethod
+    def load(cls, path: str) -> ContainerConfig:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise ConfigError(path, "-", f"cannot read config file: {exc.strerror}") from None
+        cfg = cls(source=path)
+        base = os.path.dirname(os.path.abspath(path))
+        for lineno, key, value in parse_properties(text):
+            where = f"{path}:{lineno}"
+            if key == "listenPort":
+                if not value.isdigit() or not 0 < int(value) < 65536:
+                    raise ConfigError(where, key, f"bad value {value!r}: expected a port 1..65535")
+                cfg.listen_port = int(value)
+            elif key == "listenHost":
+                cfg.listen_host = value
+            elif key == "namesrvAddr":
+                cfg.namesrv_addr = value
+            elif key == "brokerConfigPaths":
+                cfg.broker_config_paths = [
+                    p if os.path.isabs(p) else os.path.join(base, p) for p in value.split(":") if p.strip()
+                ]
+            else:
+                near = difflib.get_close_matches(key, CONTAINER_KEYS, n=1, cutoff=0.5)
+                raise ConfigError(where, key, "unknown container key", near[0] if near else None)
+        if not cfg.broker_config_paths:
+            raise ConfigError(path, "brokerConfigPaths", "no broker config listed")
+        return cfg
+
+
+@dataclass
+class HostedBroker:
+    conf_path: str
+    name: str = "?"
+    addr: str | None = None
+    state: str = "NEW"  # NEW -> STARTING -> RUNNING -> STOPPED | FAILED
+    error: str | None = None
+    runtime: Any = None
+
+
+class BrokerContainer:
+    """Hosts several `BrokerRuntime`s. Caller: `main`."""
+
+    def __init__(self, config: ContainerConfig) -> None:
+        self.config = config
+        self.brokers = [HostedBroker(p) for p in config.broker_config_paths]
+        self.server: uvicorn.Server | None = None
+        self._serve_task: asyncio.Task[None] | None = None
+        self.stopping = asyncio.Event()
+
+    def app(self) -> FastAPI:
+        app = FastAPI(title="LedgerMQ broker container", version="0.1.0")
+
+        @app.get("/health", summary="Container liveness and its brokers' states")
+        async def health() -> dict[str, Any]:
+            running = sum(1 for b in self.brokers if b.state == "RUNNING")
+            return {"status": "UP" if running else "DOWN", "running": running, "brokers": len(self.brokers)}
+
+        @app.get("/brokers", summary="Hosted brokers: name, address, state, error")
+        async def brokers() -> dict[str, Any]:
+            return {"brokers": [self._row(b) for b in self.brokers]}
+
+        return app
+
+    @staticmethod
+    def _row(b: HostedBroker) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "config": b.conf_path,
+            "brokerName": b.name,
+            "addr": b.addr,
+            "state": b.state,
+            "error": b.error,
+        }
+        if b.runtime is not None and b.state == "RUNNING":
+            ctx = b.runtime.app.state.ctx
+            row["role"] = "MASTER" if ctx.is_master() else "SLAVE"
+        return row
+
+    async def _start_one(self, b: HostedBroker) -> None:
+        from broker.http.runtime import BrokerRuntime
+
+        b.state = "STARTING"
+        try:
+            overrides = {"namesrvAddr": self.config.namesrv_addr} if self.config.namesrv_addr else None
+            cfg = load_broker_config(b.conf_path, overrides)
+            b.name, b.addr = cfg.broker_name, cfg.broker_addr
+            b.runtime = BrokerRuntime(cfg)
+            await b.runtime.start()
+            b.state = "RUNNING"
+        except Exception as exc:  # one broker's failure must not take the others down
+            b.state, b.error, b.runtime = "FAILED", f"{type(exc).__name__}: {exc}", None
+            log.error(
+                "event=container_broker_failed config=%s broker=%s error=%s", b.conf_path, b.name, b.error
+            )
+
+    async def start(self) -> None:
+        """Serve the container's own port first (so it is never taken by a hosted broker), then
+        start the brokers concurrently."""
+        self.server = _QuietServer(
+            uvicorn.Config(
+                self.app(),
+                host=self.config.listen_host,
+                port=self.config.listen_port,
+                loop="none",
+                http="httptools",
+                lifespan="off",
+                log_level="warning",
+                access_log=False,
+            )
+        )
+        self._serve_task = asyncio.get_running_loop().create_task(self.server.serve(), name="container-http")
+        while not self.server.started:
+            if self._serve_task.done():
+                raise RuntimeError(f"container port {self.config.listen_port} could not be served")
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*(self._start_one(b) for b in self.brokers))
+        log.info(
+            "event=container_started port=%d brokers=%s",
+            self.config.listen_port,
+            ",".join(f"{b.name}:{b.state}" for b in self.brokers),
+        )
+
+    async def run_until_stopped(self) -> None:
+        waits = [asyncio.ensure_future(self.stopping.wait())]
+        if self._serve_task is not None:
+            waits.append(self._serve_task)  # type: ignore[arg-type]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        await self.stop()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+        running = [b for b in self.brokers if b.runtime is not None]
+        await asyncio.gather(*(b.runtime.stop() for b in running), return_exceptions=True)
+        for b in running:
+            b.state = "STOPPED"
+        if self._serve_task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await self._serve_task
+        log.info("event=container_stopped")
+
+
+class _QuietServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        yield
+
+
+async def run(config: ContainerConfig) -> int:
+    container = BrokerContainer(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, container.stopping.set)
+    try:
+        await container.start()
+    except (RuntimeError, OSError) as exc:
+        log.error("event=container_start_failed error=%s", exc)
+        await container.stop()
+        return 1
+    if not any(b.state == "RUNNING" for b in container.brokers):
+        log.error("event=container_no_broker_running")
+    await container.run_until_stopped()
+    return 0 if any(b.state == "STOPPED" for b in container.brokers) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point."""
+    p = argparse.ArgumentParser(prog="mqbrokercontainer", description="Host several LedgerMQ brokers")
+    p.add_argument("-c", "--config", required=True)
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = ContainerConfig.load(args.config)
+    except ConfigError as exc:
+        print(f"mqbrokercontainer: {exc}", file=sys.stderr)
+        return 2
+    return uvloop.run(run(config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

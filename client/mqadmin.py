@@ -1,0 +1,252 @@
+"""`mqadmin <command>`: the operator commands of RocketMQ's mqadmin, over LedgerMQ's HTTP APIs.
+
+Global flags as RocketMQ's: `-n` name servers (`host:port;host:port`, default $NAMESRV_ADDR or
+127.0.0.1:9876), `-b` a broker address (instead of the name servers). Tables go to stdout;
+`--json` prints JSON for scripts. Exit status 0 on success, 1 on a server error, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from client.admin import Admin
+from client.consumer import PullConsumer
+from client.errors import LedgerMQError
+from client.producer import Message, Producer
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[str] | None = None, out=sys.stdout) -> None:
+    """Aligned columns, header first (RocketMQ's mqadmin prints the same way)."""
+    if not rows:
+        print("(none)", file=out)
+        return
+    columns = columns or list(rows[0])
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip(), file=out)
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(), file=out)
+
+
+def _parse_time(value: str) -> int:
+    """`now`, epoch milliseconds, or ISO-8601 → epoch ms (RocketMQ's -s accepts ms or 'now')."""
+    if value == "now":
+        return int(time.time() * 1000)
+    if value.isdigit():
+        return int(value)
+    from datetime import datetime
+
+    try:
+        return int(datetime.fromisoformat(value).timestamp() * 1000)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad time {value!r}: use epoch ms, 'now' or ISO-8601") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mqadmin", description="LedgerMQ admin tool (RocketMQ mqadmin commands)")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-n", "--namesrvAddr", default=os.environ.get("NAMESRV_ADDR", "127.0.0.1:9876"))
+    common.add_argument("-b", "--brokerAddr", help="talk to this broker directly instead of the name servers")
+    common.add_argument("--token", default=os.environ.get("LEDGERMQ_TOKEN"), help="ACL bearer token")
+    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sub = p.add_subparsers(dest="command", required=True, metavar="command")
+
+    def cmd(name: str, help_text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+
+    c = cmd("updateTopic", "Create or update a topic on every broker set (or one with -B)")
+    c.add_argument("-t", "--topic", required=True)
+    c.add_argument("-r", "--readQueueNums", type=int, default=8)
+    c.add_argument("-w", "--writeQueueNums", type=int, default=8)
+    c.add_argument("-p", "--perm", type=int, default=6, help="2=W, 4=R, 6=RW")
+    c.add_argument("-c", "--clusterName")
+    c.add_argument("-B", "--brokerName")
+    c = cmd("deleteTopic", "Delete a topic from every broker set")
+    c.add_argument("-t", "--topic", required=True)
+    c.add_argument("-c", "--clusterName")
+    cmd("topicList", "List topics")
+    c = cmd("topicRoute", "Show a topic's route (broker sets, addresses, queue numbers)")
+    c.add_argument("-t", "--topic", required=True)
+    c = cmd("topicStatus", "Min/max offset of each queue of a topic")
+    c.add_argument("-t", "--topic", required=True)
+    cmd("clusterList", "Broker sets and members with role, term and commit index")
+    c = cmd("consumerProgress", "A group's committed offset, broker max offset and lag per queue")
+    c.add_argument("-g", "--consumerGroup", required=True)
+    c.add_argument("-t", "--topic")
+    c = cmd("queryMsgById", "Show a message by its id")
+    c.add_argument("-i", "--msgId", required=True)
+    c = cmd("resetOffsetByTime", "Move a group's offsets to the first message at/after a time")
+    c.add_argument("-g", "--group", required=True)
+    c.add_argument("-t", "--topic", required=True)
+    c.add_argument("-s", "--timestamp", required=True, type=_parse_time, help="epoch ms, 'now' or ISO-8601")
+    c = cmd("sendMessage", "Send a message")
+    c.add_argument("-t", "--topic", required=True)
+    c.add_argument("-p", "--body", required=True)
+    c.add_argument("-g", "--tags")
+    c.add_argument("-k", "--keys", help="comma-separated")
+    c.add_argument("-q", "--queueId", type=int)
+    c = cmd("consumeMessage", "Read messages of a topic (all queues, or one with -q)")
+    c.add_argument("-t", "--topic", required=True)
+    c.add_argument("-q", "--queueId", type=int)
+    c.add_argument("-o", "--offset", type=int, default=0)
+    c.add_argument("-c", "--count", type=int, default=32)
+    c = cmd("leadershipTransfer", "Hand a DLedger broker set's leadership to another member")
+    c.add_argument("-B", "--brokerName", required=True)
+    c.add_argument("-i", "--transfereeId", required=True, help="DLedger member id, e.g. n1")
+    return p
+
+
+def _addrs(args: argparse.Namespace) -> dict[str, Any]:
+    if args.brokerAddr:
+        return {"broker_addr": args.brokerAddr, "token": args.token}
+    return {"namesrv_addr": args.namesrvAddr, "token": args.token}
+
+
+def _message_row(m: Any) -> dict[str, Any]:
+    try:
+        body = m.body.decode("utf-8")
+    except UnicodeDecodeError:
+        body = "base64:" + base64.b64encode(m.body).decode()
+    return {
+        "queueId": m.queue_id,
+        "queueOffset": m.queue_offset,
+        "msgId": m.msg_id,
+        "tags": m.tags,
+        "keys": ",".join(m.keys),
+        "storeTimestamp": m.store_timestamp,
+        "body": body,
+    }
+
+
+def run(args: argparse.Namespace) -> tuple[Any, list[str] | None]:
+    """Execute one command; returns (data, table columns)."""
+    kw = _addrs(args)
+    cmd = args.command
+    if cmd in ("sendMessage",):
+        with Producer(kw.get("namesrv_addr"), broker_addr=kw.get("broker_addr"), token=args.token) as p:
+            keys = [k for k in (args.keys or "").split(",") if k]
+            r = p.send(args.topic, Message(body=args.body, tags=args.tags, keys=keys, queue_id=args.queueId))
+        return [
+            {
+                "brokerName": r.broker_name,
+                "queueId": r.queue_id,
+                "queueOffset": r.queue_offset,
+                "msgId": r.msg_id,
+            }
+        ], None
+    if cmd == "consumeMessage":
+        with PullConsumer(kw.get("namesrv_addr"), broker_addr=kw.get("broker_addr"), token=args.token) as c:
+            queues = [q for q in c.queues(args.topic) if args.queueId is None or q.queue_id == args.queueId]
+            rows = []
+            for q in queues:
+                res = c.pull(
+                    args.topic, q.queue_id, max(args.offset, 0), args.count, broker_name=q.broker_name
+                )
+                rows += [_message_row(m) for m in res.messages]
+        return rows, None
+    with Admin(kw.get("namesrv_addr"), broker_addr=kw.get("broker_addr"), token=args.token) as a:
+        if cmd == "updateTopic":
+            out = a.update_topic(
+                args.topic,
+                args.readQueueNums,
+                args.writeQueueNums,
+                args.perm,
+                cluster=args.clusterName,
+                broker_name=args.brokerName,
+            )
+            return [
+                {
+                    "brokerName": b,
+                    "topic": d["topic"],
+                    "readQueueNums": d["readQueueNums"],
+                    "writeQueueNums": d["writeQueueNums"],
+                    "perm": d["perm"],
+                }
+                for b, d in out.items()
+            ], None
+        if cmd == "deleteTopic":
+            return [
+                {"brokerName": b, "deleted": args.topic} for b in a.delete_topic(args.topic, args.clusterName)
+            ], None
+        if cmd == "topicList":
+            return [{"topic": t} for t in a.topic_list()], None
+        if cmd == "topicRoute":
+            doc = a.topic_route(args.topic)
+            if args.json:
+                return doc, None
+            return [
+                {
+                    "brokerName": b["brokerName"],
+                    "masterAddr": b.get("masterAddr"),
+                    "addrs": " ".join(f"{k}={v}" for k, v in sorted(b["addrs"].items())),
+                    "readQueueNums": b["readQueueNums"],
+                    "writeQueueNums": b["writeQueueNums"],
+                    "perm": b["perm"],
+                }
+                for b in doc["brokers"]
+            ], None
+        if cmd == "topicStatus":
+            return a.topic_status(args.topic), ["brokerName", "queueId", "minOffset", "maxOffset"]
+        if cmd == "clusterList":
+            return a.cluster_list(), [
+                "cluster",
+                "brokerName",
+                "brokerId",
+                "addr",
+                "role",
+                "selfId",
+                "term",
+                "leaderId",
+                "committedIndex",
+            ]
+        if cmd == "consumerProgress":
+            return a.consumer_progress(args.consumerGroup, args.topic), [
+                "brokerName",
+                "topic",
+                "queueId",
+                "offset",
+                "maxOffset",
+                "lag",
+            ]
+        if cmd == "queryMsgById":
+            return a.query_msg_by_id(args.msgId), None
+        if cmd == "resetOffsetByTime":
+            return a.reset_offset_by_time(args.group, args.topic, args.timestamp), None
+        if cmd == "leadershipTransfer":
+            return a.leadership_transfer(args.brokerName, args.transfereeId), None
+    raise AssertionError(cmd)
+
+
+def main(argv: list[str] | None = None, out=None) -> int:
+    """Console entry point."""
+    out = out or sys.stdout
+    args = build_parser().parse_args(argv)
+    try:
+        data, columns = run(args)
+    except LedgerMQError as exc:
+        print(f"mqadmin {args.command}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        out.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+    elif isinstance(data, dict):
+        print_table(
+            [
+                {"key": k, "value": v if not isinstance(v, dict | list) else orjson.dumps(v).decode()}
+                for k, v in data.items()
+            ],
+            out=out,
+        )
+    else:
+        print_table(data, columns, out=out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""mqadmin commands against a real name server and broker; the Producer's route fallback for a
+topic nobody registered yet."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import orjson
+import pytest
+
+from client import Producer, PullConsumer
+from client.errors import TopicNotExistError
+from client.mqadmin import main as mqadmin
+from tests.integration._ledgermq_procs import CONF, ProcessGroup, start_broker, start_namesrv
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("mqadmin")
+    group = ProcessGroup(workdir)
+    try:
+        ns = start_namesrv(group, workdir)
+        broker = start_broker(group, workdir, CONF / "broker-single.conf", "broker-s", ns)
+        yield {"ns": ns, "broker": broker}
+    finally:
+        group.stop_all()
+
+
+def admin(env, *args: str, as_json: bool = True):
+    out = io.StringIO()
+    rc = mqadmin([args[0], "-n", env["ns"], *(["--json"] if as_json else []), *args[1:]], out=out)
+    assert rc == 0
+    return orjson.loads(out.getvalue()) if as_json else out.getvalue()
+
+
+def test_mqadmin_topic_lifecycle_and_messages(env):
+    created = admin(env, "updateTopic", "-t", "ops", "-r", "2", "-w", "2")
+    assert created == [
+        {"brokerName": "broker-s", "topic": "ops", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6}
+    ]
+    deadline = time.monotonic() + 5
+    while "ops" not in [t["topic"] for t in admin(env, "topicList")] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    route = admin(env, "topicRoute", "-t", "ops")
+    assert route["brokers"][0]["addrs"] == {"0": env["broker"]}
+    sent = [
+        admin(env, "sendMessage", "-t", "ops", "-p", f"hello{i}", "-g", "T", "-k", "a,b")[0] for i in range(4)
+    ]
+    status = admin(env, "topicStatus", "-t", "ops")
+    assert sum(r["maxOffset"] for r in status) == 4
+    got = admin(env, "consumeMessage", "-t", "ops")
+    assert sorted(m["body"] for m in got) == [f"hello{i}" for i in range(4)]
+    msg = admin(env, "queryMsgById", "-i", sent[2]["msgId"])
+    assert msg["body"] == "hello2" and msg["keys"] == ["a", "b"]
+    # resetOffsetByTime to now: every queue's committed offset moves to its end (lag 0).
+    admin(env, "resetOffsetByTime", "-g", "ops-g", "-t", "ops", "-s", "now")
+    progress = admin(env, "consumerProgress", "-g", "ops-g", "-t", "ops")
+    assert {r["lag"] for r in progress} == {0} and sum(r["offset"] for r in progress) == 4
+    admin(env, "resetOffsetByTime", "-g", "ops-g", "-t", "ops", "-s", "0")
+    progress = admin(env, "consumerProgress", "-g", "ops-g", "-t", "ops")
+    assert sum(r["offset"] for r in progress) == 0
+    rows = admin(env, "clusterList")
+    assert rows[0]["brokerName"] == "broker-s" and rows[0]["role"] == "MASTER"
+    table = admin(env, "topicStatus", "-t", "ops", as_json=False)
+    assert table.splitlines()[0].split() == ["brokerName", "queueId", "minOffset", "maxOffset"]
+    assert admin(env, "deleteTopic", "-t", "ops") == [{"brokerName": "broker-s", "deleted": "ops"}]
+
+
+def test_mqadmin_reports_errors_with_status_1(env, capsys):
+    assert mqadmin(["queryMsgById", "-n", env["ns"], "-i", "00" * 16]) == 1
+    assert "MESSAGE_NOT_FOUND" in capsys.readouterr().err
+
+
+def test_producer_sends_to_a_topic_nobody_registered_yet(env):
+    with Producer(env["ns"]) as p:
+        r = p.send("fresh-topic", b"first")
+    assert r.broker_name == "broker-s" and r.queue_offset == 0
+    with PullConsumer(env["ns"]) as c:
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                queues = c.queues("fresh-topic")
+                break
+            except TopicNotExistError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        res = c.pull("fresh-topic", r.queue_id, 0)
+    assert [m.body for m in res.messages] == [b"first"]
+    assert len(queues) == 4

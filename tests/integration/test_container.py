@@ -1,0 +1,87 @@
+"""mqbrokercontainer hosting two brokers (plus one that cannot start) in one process."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+import pytest
+
+from tests.integration._ledgermq_procs import (
+    CONF,
+    ProcessGroup,
+    free_port,
+    start_namesrv,
+    wait_http,
+    write_conf,
+)
+
+
+@pytest.fixture
+def container(tmp_path):
+    group = ProcessGroup(tmp_path)
+    ns = start_namesrv(group, tmp_path)
+    ports = {}
+    paths = []
+    for name in ("broker-c1", "broker-c2"):
+        ports[name] = free_port()
+        paths.append(
+            write_conf(
+                CONF / "container" / f"{name}.conf",
+                tmp_path / f"{name}.conf",
+                {"listenPort": str(ports[name]), "storePathRootDir": str(tmp_path / f"store-{name}")},
+            )
+        )
+    # A third broker whose port is the container's own: it must fail alone.
+    cport = free_port()
+    paths.append(
+        write_conf(
+            CONF / "container" / "broker-c1.conf",
+            tmp_path / "broker-bad.conf",
+            {
+                "brokerName": "broker-bad",
+                "listenPort": str(cport),
+                "storePathRootDir": str(tmp_path / "store-bad"),
+            },
+        )
+    )
+    conf = write_conf(
+        CONF / "container" / "broker-container.conf",
+        tmp_path / "container.conf",
+        {
+            "listenHost": "127.0.0.1",
+            "listenPort": str(cport),
+            "namesrvAddr": ns,
+            "brokerConfigPaths": ":".join(p.name for p in paths),
+        },
+    )
+    proc = group.start("container", "broker.container", "-c", str(conf))
+    wait_http(f"http://127.0.0.1:{cport}/health", proc=proc, timeout_s=20)
+    yield {"group": group, "proc": proc, "ns": f"http://{ns}", "cport": cport, "ports": ports}
+    group.stop_all()
+
+
+def test_container_hosts_two_brokers_and_isolates_a_failing_one(container):
+    settled = wait_http(
+        f"http://127.0.0.1:{container['cport']}/brokers",
+        ok=lambda r: all(b["state"] not in ("NEW", "STARTING") for b in r.json()["brokers"]),
+    )
+    brokers = {b["brokerName"]: b for b in settled.json()["brokers"]}
+    assert brokers["broker-c1"]["state"] == "RUNNING" and brokers["broker-c2"]["state"] == "RUNNING"
+    assert brokers["broker-bad"]["state"] == "FAILED" and brokers["broker-bad"]["error"]
+    for name, port in container["ports"].items():
+        url = f"http://127.0.0.1:{port}"
+        r = httpx.post(f"{url}/topics/t-{name}/messages", json={"messages": [{"body": name, "queueId": 0}]})
+        assert r.status_code == 200, r.text
+        got = httpx.get(f"{url}/topics/t-{name}/queues/0/messages", params={"offset": 0}).json()["messages"]
+        assert [m["body"] for m in got] == [name]
+        assert httpx.get(f"{url}/status").json()["brokerName"] == name
+    # Each registers on its own: both sets appear in the name server's cluster view.
+    view = wait_http(
+        f"{container['ns']}/cluster", ok=lambda r: {"broker-c1", "broker-c2"} <= set(r.json()["brokers"])
+    ).json()
+    assert "broker-bad" not in view["brokers"]
+    # Graceful shutdown of all: SIGTERM, exit status 0.
+    container["proc"].send_signal(signal.SIGTERM)
+    assert container["proc"].wait(15) == 0
+    assert "event=container_stopped" in container["group"].log_text("container")
