@@ -1,0 +1,80 @@
+"""Run one DLedger member: `python -m dledger --group g --self-id n0 --peers 'n0-127.0.0.1:40911;...'
+--store-dir /tmp/d`. Clients (DLedgerClient) append/get/metadata/transfer over the same TCP port.
+SIGTERM/SIGINT stop it gracefully (pending appends answered, store flushed)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from dledger.config import DLedgerConfig
+from dledger.server import DLedgerServer
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m dledger", description=__doc__)
+    p.add_argument("--group", required=True)
+    p.add_argument("--self-id", required=True)
+    p.add_argument("--peers", required=True, help="n0-host:port;n1-host:port;...")
+    p.add_argument("--store-dir", required=True, help="storeBaseDir (dledger-{selfId} is created inside)")
+    p.add_argument("--store-type", default="FILE", choices=("FILE", "MEMORY"))
+    p.add_argument("--flush-disk-type", default="ASYNC_FLUSH", choices=("ASYNC_FLUSH", "SYNC_FLUSH"))
+    p.add_argument("--preferred-leader-ids", default=None)
+    p.add_argument("--data-file-size", type=int, default=None, help="mappedFileSizeForEntryData in bytes")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> DLedgerConfig:
+    cfg = DLedgerConfig(
+        group=args.group,
+        self_id=args.self_id,
+        peers=args.peers,
+        store_base_dir=args.store_dir,
+        store_type=args.store_type,
+        flush_disk_type=args.flush_disk_type,
+        preferred_leader_ids=args.preferred_leader_ids,
+    )
+    if args.data_file_size:
+        cfg.mapped_file_size_for_entry_data = args.data_file_size
+    cfg.validate()
+    return cfg
+
+
+async def serve(cfg: DLedgerConfig) -> None:
+    server = DLedgerServer(cfg)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    await stop.wait()
+    await server.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        cfg = build_config(args)
+    except ValueError as exc:
+        print(f"python -m dledger: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+
+        uvloop.run(serve(cfg))
+    except ImportError:
+        asyncio.run(serve(cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
