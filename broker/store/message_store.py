@@ -395,6 +395,14 @@ class DefaultMessageStore:
     async def _append(self, bufs: list[bytearray], topic: str, queue_id: int) -> list[PutResult]:
         if self.dledger:
             placed = await self.commit_log.put(bufs)
+            # Committed; also wait (briefly) for our own dispatcher so a pull right after the
+            # answer sees the messages, as in local mode. A slow dispatch never fails the put.
+            phys, size = placed[-1][0], placed[-1][1]
+            if self.reput_offset < phys + size:
+                try:
+                    await self.wait_dispatched(phys + size, timeout_s=2.0)
+                except BrokerError:
+                    log.warning("event=dispatch_lagging phys=%d reput_offset=%d", phys, self.reput_offset)
         else:
             placed = self._put_local(bufs, topic, queue_id)
             if self.commit_log.sync_flush:

@@ -43,13 +43,23 @@ def make_config(mode: str, root: str, port: int | None = None) -> BrokerConfig:
 
 
 async def open_store(cfg: BrokerConfig) -> DefaultMessageStore:
-    store = DefaultMessageStore(cfg)
-    await store.start()
-    if cfg.enable_dleger_commit_log:  # single member: wait for it to elect itself and serve
-        from broker.role_change import wait_until_master
+    """A started store, through a BrokerController (which wires the DLedger role changes);
+    close it with `close_store`."""
+    from broker.controller import BrokerController
+    from broker.role_change import wait_until_master
 
-        await wait_until_master(store, timeout_s=10)
-    return store
+    ctl = BrokerController(cfg)
+    await ctl.start()
+    await wait_until_master(ctl.store, timeout_s=10)  # DLedger: the single member elects itself
+    _controllers[id(ctl.store)] = ctl
+    return ctl.store
+
+
+async def close_store(store: DefaultMessageStore) -> None:
+    await _controllers.pop(id(store)).shutdown()
+
+
+_controllers: dict[int, object] = {}
 
 
 @pytest.fixture(params=MODES)
@@ -61,7 +71,7 @@ def mode(request):
 async def store(mode, tmp_path):
     s = await open_store(make_config(mode, tmp_path))
     yield s
-    await s.shutdown()
+    await close_store(s)
 
 
 async def test_put_and_get_by_offset(store):
@@ -112,7 +122,7 @@ async def test_offsets_and_topics_survive_restart(mode, tmp_path):
     await s.offsets.commit_many("g2", "Orders", {0: 0, 1: 2})
     assert s.offsets.query("g1", "Orders", 1) == 3
     first = await s.put_messages("Orders", [Message("Orders", b"once", idempotency_key="k-1")], 2)
-    await s.shutdown()
+    await close_store(s)
     s = await open_store(cfg)
     try:
         assert s.topics.get("Orders").read_queue_nums == 3
@@ -124,7 +134,7 @@ async def test_offsets_and_topics_survive_restart(mode, tmp_path):
         nxt = await s.put_messages("Orders", [Message("Orders", b"o4")], 1)
         assert nxt[0].queue_offset == 4
     finally:
-        await s.shutdown()
+        await close_store(s)
 
 
 async def test_idempotency_key_in_batch_and_concurrent(store):
@@ -265,7 +275,7 @@ async def test_recovery_after_sigkill(mode, tmp_path):
         r = await s.put_messages("K", [Message("K", b"after")], 0)
         assert r[0].queue_offset == s.max_offset("K", 0) - 1
     finally:
-        await s.shutdown()
+        await close_store(s)
 
 
 async def test_local_retention_deletes_expired_files_and_moves_min_offset(tmp_path):
@@ -286,4 +296,4 @@ async def test_local_retention_deletes_expired_files_and_moves_min_offset(tmp_pa
             s.get_messages("T", 0, 0, 1)
         assert ei.value.code == BrokerCode.OFFSET_OUT_OF_RANGE and ei.value.extra["minOffset"] == lo
     finally:
-        await s.shutdown()
+        await close_store(s)
