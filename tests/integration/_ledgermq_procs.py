@@ -156,3 +156,44 @@ def start_broker(
     if wait:
         wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
     return f"127.0.0.1:{port}"
+
+
+def start_dledger_set(
+    group: ProcessGroup, workdir: Path, namesrv: str | None, **overrides: str
+) -> dict[str, str]:
+    """broker-a's 3 members from conf/dledger/broker-n{0,1,2}.conf with fresh HTTP and peer ports;
+    returns {selfId: http addr}. Waits until every member answers /health."""
+    peer_ports = [free_port() for _ in range(3)]
+    peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(peer_ports))
+    addrs = {}
+    for i in range(3):
+        addrs[f"n{i}"] = start_broker(
+            group,
+            workdir,
+            CONF / "dledger" / f"broker-n{i}.conf",
+            f"n{i}",
+            namesrv,
+            wait=False,
+            dLegerPeers=peers,
+            **overrides,
+        )
+    for i, addr in addrs.items():
+        wait_http(f"http://{addr}/health", proc=group.procs[i], timeout_s=20)
+    return addrs
+
+
+def wait_master(addrs: dict[str, str], timeout_s: float = 15.0, exclude: set[str] = frozenset()) -> str:
+    """The selfId whose broker reports MASTER (and every live member agrees on its address)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for sid, addr in addrs.items():
+            if sid in exclude:
+                continue
+            try:
+                st = httpx.get(f"http://{addr}/status", timeout=1).json()
+            except httpx.HTTPError:
+                continue
+            if st["role"] == "MASTER":
+                return sid
+        time.sleep(0.05)
+    raise AssertionError(f"no master among {addrs} after {timeout_s}s")

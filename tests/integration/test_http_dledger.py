@@ -1,0 +1,159 @@
+"""A 3-member DLedger broker set (conf/dledger/broker-n*.conf) behind the HTTP API: slaves redirect
+writes, routes follow the master, and a Producer keeps producing through a master kill with no
+acknowledged message lost."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from client import Producer
+from client.errors import LedgerMQError
+from tests.integration._ledgermq_procs import (
+    ProcessGroup,
+    start_dledger_set,
+    start_namesrv,
+    wait_http,
+    wait_master,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def dset(tmp_path):
+    group = ProcessGroup(tmp_path)
+    try:
+        ns = start_namesrv(group, tmp_path)
+        addrs = start_dledger_set(group, tmp_path, ns, defaultTopicQueueNums="2")
+        yield {"group": group, "ns": ns, "addrs": addrs}
+    finally:
+        group.stop_all()
+
+
+def route_master(ns: str, topic: str) -> str | None:
+    r = httpx.get(f"http://{ns}/routes/{topic}")
+    return r.json()["brokers"][0].get("masterAddr") if r.status_code == 200 else None
+
+
+def read_all(addr: str, topic: str, queues: int) -> list[dict]:
+    out = []
+    for q in range(queues):
+        offset = 0
+        while True:
+            doc = httpx.get(
+                f"http://{addr}/topics/{topic}/queues/{q}/messages",
+                params={"offset": offset, "maxMessages": 256},
+            ).json()
+            out += doc["messages"]
+            if doc["nextOffset"] >= doc["maxOffset"]:
+                break
+            offset = doc["nextOffset"]
+    return out
+
+
+def test_slaves_redirect_and_serve_committed_reads(dset):
+    addrs = dset["addrs"]
+    master = wait_master(addrs)
+    murl = f"http://{addrs[master]}"
+    assert (
+        httpx.put(f"{murl}/topics/orders", json={"readQueueNums": 2, "writeQueueNums": 2}).status_code == 200
+    )
+    r = httpx.post(f"{murl}/topics/orders/messages", json={"messages": [{"body": "one", "queueId": 1}]})
+    assert r.status_code == 200, r.text
+    for sid, addr in addrs.items():
+        if sid == master:
+            continue
+        w = httpx.post(f"http://{addr}/topics/orders/messages", json={"messages": [{"body": "x"}]})
+        assert w.status_code == 421 and w.json()["code"] == "NOT_MASTER"
+        assert w.json()["masterAddr"] == addrs[master]
+        assert httpx.put(f"http://{addr}/topics/other", json={}).status_code == 421
+        doc = wait_http(
+            f"http://{addr}/topics/orders/queues/1/messages?offset=0",
+            ok=lambda r: r.status_code == 200 and r.json()["messages"],
+        ).json()
+        assert [m["body"] for m in doc["messages"]] == ["one"]
+        st = httpx.get(f"http://{addr}/status").json()
+        assert st["role"] == "SLAVE" and st["dledger"]["leaderId"] == master and st["brokerId"] != 0
+    st = httpx.get(f"{murl}/status").json()
+    assert st["brokerId"] == 0 and set(st["dledger"]["peerWaterMarks"]) == {"n0", "n1", "n2"}
+    metrics = httpx.get(f"{murl}/metrics").text
+    assert f'dledger_role{{group="broker-a",role="LEADER",self_id="{master}"}} 1.0' in metrics
+    assert "dledger_committed_index" in metrics and "dledger_peer_water_mark" in metrics
+    route = wait_http(f"http://{dset['ns']}/routes/orders").json()["brokers"][0]
+    assert route["masterAddr"] == addrs[master] and set(route["addrs"].values()) == set(addrs.values())
+
+
+def test_producer_survives_master_failover_without_losing_acked_messages(dset):
+    addrs, ns, group = dset["addrs"], dset["ns"], dset["group"]
+    old = wait_master(addrs)
+    assert (
+        httpx.put(
+            f"http://{addrs[old]}/topics/fo", json={"readQueueNums": 2, "writeQueueNums": 2}
+        ).status_code
+        == 200
+    )
+    wait_http(f"http://{ns}/routes/fo")
+    acked: dict[str, tuple[int, int]] = {}
+    failed: list[str] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        with Producer(ns, send_timeout_s=20) as p:
+            i = 0
+            while not stop.is_set():
+                body = f"m{i}"
+                try:
+                    r = p.send("fo", body.encode())
+                    acked[body] = (r.queue_id, r.queue_offset)
+                except LedgerMQError:
+                    failed.append(body)
+                i += 1
+
+    th = threading.Thread(target=produce)
+    th.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(acked) < 50 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(acked) >= 50, f"only {len(acked)} acked before the kill"
+        group.kill(old, signal.SIGKILL)
+        killed_at = len(acked)
+        new = wait_master(addrs, exclude={old}, timeout_s=15)
+        # Routes follow: the name server names the new master (registered at once on role change).
+        deadline = time.monotonic() + 10
+        while route_master(ns, "fo") != addrs[new] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert route_master(ns, "fo") == addrs[new]
+        cluster = httpx.get(f"http://{ns}/cluster").json()["brokers"]["broker-a"]
+        assert cluster["masterAddr"] == addrs[new]
+        deadline = time.monotonic() + 15
+        while len(acked) < killed_at + 50 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        th.join(30)
+    assert len(acked) >= killed_at + 50, "producing did not resume after failover"
+    assert not failed, f"sends failed for good: {failed[:5]}"
+    stored = read_all(addrs[new], "fo", 2)
+    bodies = [m["body"] for m in stored]
+    lost = set(acked) - set(bodies)
+    assert not lost, f"{len(lost)} acknowledged messages lost: {sorted(lost)[:10]}"
+    dups = len(bodies) - len(set(bodies))
+    assert dups == 0, f"{dups} duplicates despite idempotency keys"
+    where = {m["body"]: (m["queueId"], m["queueOffset"]) for m in stored}
+    assert all(where[b] == pos for b, pos in acked.items()), "a message moved from its acknowledged offset"
+    # Every surviving member holds the same messages at the same offsets.
+    for sid in addrs:
+        if sid not in (old, new):
+            wait_http(
+                f"http://{addrs[sid]}/topics/fo",
+                ok=lambda r: sum(q["maxOffset"] for q in r.json()["queues"]) >= len(stored),
+            )
+            assert {(m["queueId"], m["queueOffset"], m["body"]) for m in read_all(addrs[sid], "fo", 2)} == {
+                (m["queueId"], m["queueOffset"], m["body"]) for m in stored
+            }
