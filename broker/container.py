@@ -214,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # One line per request from our own httpx clients (registration, probes) is noise.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         config = ContainerConfig.load(args.config)
     except ConfigError as exc:

@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point."""
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # One line per request from our own httpx clients (registration, probes) is noise.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         config = NamesrvConfig.load(args.config) if args.config else NamesrvConfig()
         if args.port is not None:
