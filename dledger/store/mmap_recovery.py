@@ -82,13 +82,15 @@ def _write_index_record(il: MmapFileList, index: int, record: tuple[int, int, in
     if not il.files:
         il.rebuild_with_pos(ipos, use_blank=False)
     imf = il.find_file(ipos)
-    if imf is not None:
-        INDEX_RECORD.pack_into(imf.mm, ipos - imf.file_from_offset, *record)
-        return True
-    if ipos == il.files[-1].end_offset:
-        il.append_spanning(INDEX_RECORD.pack(*record))
-        return True
-    return False
+    if imf is None and ipos == il.files[-1].end_offset:
+        il.files[-1].wrote_pos = il.files[-1].file_size
+        imf, _ = il.reserve(INDEX_UNIT_SIZE, use_blank=False)  # rolls to a new file at ipos
+    if imf is None:
+        return False
+    local = ipos - imf.file_from_offset
+    INDEX_RECORD.pack_into(imf.mm, local, *record)
+    imf.wrote_pos = max(imf.wrote_pos, local + INDEX_UNIT_SIZE)
+    return True
 
 
 def _first_entry_offset(mf: MmapFile) -> int:
@@ -99,14 +101,15 @@ def _first_entry_offset(mf: MmapFile) -> int:
     return 0
 
 
-def _first_entry_ok(store: DLedgerMmapFileStore, mf: MmapFile) -> bool:
+def _first_entry_ok(store: DLedgerMmapFileStore, mf: MmapFile, committed: int) -> bool:
     off = _first_entry_offset(mf)
     try:
         magic, size, index, term = _check_entry(mf, off)
     except _Corrupt:
         return False
-    return _read_index_record(store.index_file_list, index) == (magic, mf.file_from_offset + off, size,
-                                                                 index, term)
+    # A committed entry's index record is rewritten by the scan if it is bad.
+    return index <= committed or _read_index_record(store.index_file_list, index) == (
+        magic, mf.file_from_offset + off, size, index, term)
 
 
 def _start_file(store: DLedgerMmapFileStore, committed: int) -> int | None:
@@ -115,10 +118,15 @@ def _start_file(store: DLedgerMmapFileStore, committed: int) -> int | None:
     if committed >= 0:
         rec = _read_index_record(store.index_file_list, committed)
         mf = store.data_file_list.find_file(rec[1]) if rec and rec[3] == committed else None
-        if mf is not None:
+        if mf is None:
+            # The committed entry's index record is gone: scan (and re-index) from the first file.
+            log.warning("event=recovery_full_scan reason=committed_index_record_missing committed=%d",
+                        committed)
+            start = 0
+        else:
             start = min(start, files.index(mf))
     for i in range(start, -1, -1):
-        if _first_entry_ok(store, files[i]):
+        if _first_entry_ok(store, files[i], committed):
             return i
         log.warning("event=recovery_bad_first_entry file=%s", files[i].path)
     return None
@@ -177,7 +185,7 @@ def recover(store: DLedgerMmapFileStore) -> None:
         if found != record:
             if index <= committed and _write_index_record(il, index, record):
                 repaired += 1
-                log.warning("event=index_record_rewritten index=%d found=%s", index, found)
+                log.debug("event=index_record_rewritten index=%d found=%s", index, found)
             else:
                 reason = f"index record of index {index} is {found}, entry says {record}"
                 break

@@ -355,3 +355,19 @@ async def test_checkpoint_is_written_periodically_and_on_shutdown(tmp_path) -> N
         assert (again.ledger_end_index, again.committed_index) == (12, 9)
     finally:
         await again.shutdown()
+
+
+def test_expired_files_are_deleted_at_the_delete_when_hour_even_with_a_free_disk(tmp_path) -> None:
+    now = time.time()
+    hour = time.strftime("%H", time.localtime(now))
+    store = DLedgerMmapFileStore(make_config(tmp_path, file_reserved_hours=1, delete_when=f"{hour}"),
+                                 disk_used_ratio=lambda: 0.01)
+    store.recover()
+    _fill(store, 100)
+    store.update_committed_index(1, 99)
+    old = now - 2 * 3600
+    for mf in store.data_file_list.files[:3]:
+        os.utime(mf.path, (old, old))
+    assert store.check_disk_space(now=now + 3600) == 0  # everything is old by then, but not the hour
+    assert store.check_disk_space(now=now) == 3  # the hour: only the three old files go
+    assert store.ledger_begin_index == store.get(store.ledger_begin_index).index > 0

@@ -160,3 +160,12 @@ def test_missing_data_with_a_committed_checkpoint_refuses_to_start(tmp_path) -> 
     with pytest.raises(DLedgerException) as ex:
         open_store(tmp_path)
     assert ex.value.code is DLedgerResponseCode.DISK_ERROR and "committedIndex=10" in str(ex.value)
+
+
+def test_lost_index_files_are_rebuilt_for_committed_entries_and_the_rest_cut(tmp_path) -> None:
+    crashed_store(tmp_path, n=60, committed=50)
+    index_dir = os.path.join(str(tmp_path), "dledger-n0", "index")
+    for name in os.listdir(index_dir):
+        os.unlink(os.path.join(index_dir, name))
+    store = assert_recovered_to(tmp_path, 50)
+    assert store.committed_index == 50 and store.ledger_begin_index == 0
