@@ -178,7 +178,7 @@ def build_router(ctx: HttpContext) -> APIRouter:
             )
         offsets: dict[int, int] = {}
         for key, off in body.offsets.items():
-            if not key.isdigit() or int(key) >= cfg.queue_nums:
+            if not (key.isascii() and key.isdigit()) or int(key) >= cfg.queue_nums:
                 raise BrokerError(
                     BrokerCode.QUEUE_NOT_EXIST,
                     f"offsets: queue {key!r} is not in 0..{cfg.queue_nums - 1}",

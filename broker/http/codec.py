@@ -31,7 +31,7 @@ async def read_body(request: Request, limit_bytes: int) -> bytes:
     a declared Content-Length is checked first, a chunked body is cut as soon as it passes."""
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdigit()):
             raise invalid("Content-Length", f"not a number: {declared!r}")
         if int(declared) > limit_bytes:
             raise BrokerError(
@@ -193,7 +193,7 @@ def parse_produce_raw(
     qid_raw = q.get("queueId")
     queue_id = None
     if qid_raw not in (None, ""):
-        if not qid_raw.isdigit():
+        if not (qid_raw.isascii() and qid_raw.isdigit()):
             raise invalid("queueId", f"expected an integer, got {qid_raw!r}")
         queue_id = _queue_id(int(qid_raw), "queueId")
     msg = Message(

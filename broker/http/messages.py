@@ -52,7 +52,7 @@ def _int_param(params: Any, name: str, default: int | None, lo: int, hi: int) ->
 
 def _path_int(request: Request, name: str) -> int:
     raw = request.path_params[name]
-    if not raw.isdigit() or len(raw) > 9:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 9:
         raise invalid(name, f"expected a non-negative integer, got {raw!r}")
     return int(raw)
 

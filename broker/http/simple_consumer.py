@@ -122,7 +122,7 @@ class PopService:
 
     def _parse_handle(self, handle: str, field_name: str) -> tuple[str, int, int, int]:
         parts = handle.split(".")
-        if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]) or len(handle) > 128:
+        if len(parts) != 4 or not all(p.isascii() and p.isdigit() for p in parts[1:]) or len(handle) > 128:
             raise invalid(field_name, f"malformed receipt handle {handle[:80]!r}")
         return parts[0], int(parts[1]), int(parts[2]), int(parts[3])
 
