@@ -148,8 +148,9 @@ class DLedgerMmapFileStore(DLedgerStore):
     # ---- appending ------------------------------------------------------------------------------
 
     def _check_append(self, body_len: int) -> None:
-        if self._closed:
-            raise DLedgerException(_E.DISK_ERROR, f"store {self.config.default_path()} is shut down")
+        if self._closed or not self._recovered:
+            raise DLedgerException(_E.DISK_ERROR, f"store {self.config.default_path()} is "
+                                   f"{'shut down' if self._closed else 'not recovered yet (call start())'}")
         if self._disk_full:
             raise DLedgerException(_E.DISK_FULL, f"disk used ratio above {self.config.disk_full_ratio:.2f}; "
                                    f"store {self.config.default_path()} refuses appends")
@@ -385,6 +386,8 @@ class DLedgerMmapFileStore(DLedgerStore):
     def truncate(self, entry: DLedgerEntry, leader_term: int, leader_id: str) -> int:
         """Make the leader's `entry` our last entry (DLedger's truncate). Refuses (INCONSISTENT_STATE)
         to cut a committed entry."""
+        if self._closed or not self._recovered:
+            raise DLedgerException(_E.DISK_ERROR, f"store {self.config.default_path()} is not open")
         existed = False
         if self.ledger_begin_index <= entry.index <= self.ledger_end_index and entry.index >= 0:
             try:
