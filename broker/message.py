@@ -158,6 +158,7 @@ class Message:
     def all_properties(self) -> dict[str, str]:
         """User properties plus TAGS, KEYS, UNIQ_KEY (generated when absent) and IDEMPOTENCY_KEY."""
         props = dict(self.properties)
+        props.pop(PROPERTY_IDEMPOTENCY_KEY, None)  # only the idempotency_key field sets it
         if self.tags:
             props[PROPERTY_TAGS] = self.tags
         if self.keys:

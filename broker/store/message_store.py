@@ -386,11 +386,9 @@ class DefaultMessageStore:
     def _encode(self, msg: Message, queue_id: int) -> bytearray:
         if not isinstance(msg.body, bytes | bytearray):
             raise BrokerError(BrokerCode.INVALID_REQUEST, "message body must be bytes", field="body")
-        props = msg.all_properties() if msg.properties.get(PROPERTY_UNIQ_KEY) is None else None
-        buf = encode_message(msg, queue_id=queue_id, queue_offset=0, phys_offset=0,
-                             store_host=self.config.broker_addr, props=props,
-                             max_message_size=self.config.max_message_size)
-        return buf
+        return encode_message(msg, queue_id=queue_id, queue_offset=0, phys_offset=0,
+                              store_host=self.config.broker_addr,
+                              max_message_size=self.config.max_message_size)
 
     async def _append(self, bufs: list[bytearray], topic: str, queue_id: int) -> list[PutResult]:
         if self.dledger:

@@ -297,3 +297,33 @@ async def test_local_retention_deletes_expired_files_and_moves_min_offset(tmp_pa
         assert ei.value.code == BrokerCode.OFFSET_OUT_OF_RANGE and ei.value.extra["minOffset"] == lo
     finally:
         await close_store(s)
+
+
+def _zero_from(path: str, at: int) -> None:
+    """Lose every byte of a file from `at` (a crash that never wrote the tail)."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(bytes(size - at))
+
+
+async def test_local_lost_tail_cuts_consume_queues_on_recovery(tmp_path):
+    cfg = make_config("local", tmp_path)
+    s = await open_store(cfg)
+    res = await s.put_messages("T", [Message("T", b"t%d" % i) for i in range(10)], 0)
+    await close_store(s)
+    _zero_from(*_data_file_of_local(tmp_path, res[8].commit_log_offset))
+    s = await open_store(cfg)
+    try:
+        assert s.commit_log.max_offset == res[8].commit_log_offset
+        assert s.max_offset("T", 0) == 8  # units of the lost messages are gone
+        assert [m.body for m in s.get_messages("T", 0, 0, 20).messages] == [b"t%d" % i for i in range(8)]
+        again = await s.put_messages("T", [Message("T", b"new")], 0)
+        assert again[0].queue_offset == 8 and again[0].commit_log_offset == res[8].commit_log_offset
+    finally:
+        await close_store(s)
+
+
+def _data_file_of_local(root, phys: int) -> tuple[str, int]:
+    size = 64 * 1024
+    return os.path.join(str(root), "commitlog", f"{phys - phys % size:020d}"), phys % size
