@@ -413,6 +413,11 @@ class DLedgerMmapFileStore(DLedgerStore):
             in_place = truncate_pos == dl.next_append_pos(BODY_OFFSET + len(entry.body))
         else:
             in_place = False
+        if not in_place and cut_index <= end + 1 and self.committed_index >= self.ledger_begin_index >= 0:
+            # The logs overlap but positions disagree: rebuilding would drop our committed entries.
+            raise DLedgerException(_E.INCONSISTENT_STATE, f"leader {leader_id} (term {leader_term}) puts "
+                                   f"index {entry.index} at pos {entry.pos}, which does not match the local "
+                                   f"log (committed index {self.committed_index}); data file sizes differ?")
         self._truncate_epoch += 1
         if in_place:
             if dl.files and truncate_pos < dl.max_wrote_position:

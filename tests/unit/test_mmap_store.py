@@ -210,6 +210,22 @@ def test_truncate_on_an_empty_follower_rebuilds_at_the_leaders_pos(tmp_path) -> 
     assert again.get(80).body == body_for(80)
 
 
+def test_truncate_refuses_to_rebuild_over_committed_entries_when_positions_disagree(tmp_path) -> None:
+    leader = open_store(tmp_path, "n0")
+    follower = open_store(tmp_path, "n1")
+    for i in range(20):
+        leader.append_as_leader(DLedgerEntry(body=body_for(i)), 1)
+        follower.append_as_follower(leader.get(i), 1, "n0")
+    follower.update_committed_index(1, 10)
+    other = leader.get(15)
+    other.body = b"different"
+    other.pos += 16  # where the leader says it is, our entry 15 is not
+    with pytest.raises(DLedgerException) as ex:
+        follower.truncate(other, 2, "n0")
+    assert code_of(ex) is DLedgerResponseCode.INCONSISTENT_STATE and "pos" in str(ex.value)
+    assert follower.ledger_end_index == 19 and follower.get(19).body == body_for(19)
+
+
 def test_update_committed_index_follows_dledger_rules(tmp_path) -> None:
     store = open_store(tmp_path)
     store.update_committed_index(1, 5)  # empty log: ignored
