@@ -133,3 +133,46 @@ class AccessControl:
                 BrokerCode.FORBIDDEN, f"account {acc.name!r} lacks SUB on group {group!r}", group=group
             )
         return acc
+
+
+OPEN_PATHS = frozenset(
+    {"/health", "/metrics", "/status", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+)
+
+
+class AclAuthMiddleware:
+    """Pure ASGI middleware: with ACL on, every request except OPEN_PATHS must carry a known
+    bearer token, checked before routing or body validation (so an anonymous caller learns
+    nothing, not even which input is wrong). Authorization per topic/group stays in the routes."""
+
+    def __init__(self, app: Any, acl: AccessControl) -> None:
+        self.app = app
+        self.acl = acl
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        auth = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                auth = value.decode("latin-1")
+                break
+        try:
+            self.acl.authenticate(auth)
+        except BrokerError as exc:
+            body = orjson.dumps(exc.problem())
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": exc.status,
+                    "headers": [
+                        (b"content-type", b"application/problem+json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"www-authenticate", b'Bearer realm="ledgermq"'),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from broker.http import admin, messages, simple_consumer
+from broker.http.acl import AclAuthMiddleware
 from broker.http.context import HttpContext
 from broker.http.metrics import BrokerStateCollector
 from broker.http.problems import install_problem_handlers
@@ -51,6 +52,8 @@ def create_app(controller: Any) -> FastAPI:
     )
     app.state.ctx = ctx
     install_problem_handlers(app)
+    if ctx.acl is not None:
+        app.add_middleware(AclAuthMiddleware, acl=ctx.acl)
     app.include_router(messages.build_router(ctx))
     app.include_router(simple_consumer.build_router(ctx))
     app.include_router(admin.build_router(ctx))
