@@ -45,6 +45,31 @@ def row(mode: str, body: int, n: int, seconds: float) -> dict:
             "entries_per_s": round(n / seconds), "mb_per_s": round(n * body / seconds / 1e6, 1)}
 
 
+def bench_bare(base: str, body_len: int, n: int) -> dict:
+    """The issue's yardstick: a bare loop of struct.pack_into + mmap slice writes (no store), run
+    now on the same machine, so the store's figures can be read against the machine's load."""
+    import mmap
+    import struct
+
+    header = struct.Struct(">iiqqqiiii")
+    path = os.path.join(base, "bare")
+    size = n * (48 + body_len) + 4096
+    with open(path, "wb") as f:
+        f.truncate(size)
+    with open(path, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), size)
+    body = b"b" * body_len
+    pos = 0
+    t = time.perf_counter()
+    for i in range(n):
+        header.pack_into(mm, pos, 1, 48 + body_len, i, 1, pos, 0, 0, 0, body_len)
+        mm[pos + 48:pos + 48 + body_len] = body
+        pos += 48 + body_len
+    r = row("bare_loop", body_len, n, time.perf_counter() - t)
+    mm.close()
+    return r
+
+
 async def bench_async(base: str, body_len: int, n: int) -> list[dict]:
     store = make_store(base)
     await store.start()
@@ -109,6 +134,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
         n = n // 10 if args.quick else n
         base = tempfile.mkdtemp(prefix="store-bench-", dir=args.dir)
         try:
+            results.append(bench_bare(base, body_len, n))
             results += await bench_async(base, body_len, n)
         finally:
             shutil.rmtree(base, ignore_errors=True)
