@@ -111,6 +111,18 @@ class DLedgerClient:
 
     async def metadata(self, member_id: str) -> dict[str, Any]:
         """One member's `DLedgerServer.metadata()`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        while True:
+            try:
+                return await self._metadata_once(member_id)
+            except DLedgerException as exc:
+                # Unreachable (maybe starting up, or backing off after a failed connect): retry.
+                if exc.code != DLedgerResponseCode.NETWORK_ERROR or loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(_RETRY_PAUSE_S)
+
+    async def _metadata_once(self, member_id: str) -> dict[str, Any]:
         req = MetadataRequest(group=self.group, remote_id=member_id, local_id=self.client_id)
         resp = await self.rpc.metadata(member_id, req, self.timeout_s)
         if resp.code != DLedgerResponseCode.SUCCESS:
@@ -124,7 +136,7 @@ class DLedgerClient:
         while loop.time() < deadline:
             for member in self.peers:
                 try:
-                    md = await self.metadata(member)
+                    md = await self._metadata_once(member)
                 except DLedgerException:
                     continue
                 if md["role"] == "LEADER":

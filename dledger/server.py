@@ -338,5 +338,9 @@ class DLedgerServer:
             try:
                 await self.leadership_transfer(req.transferee_id)
             except DLedgerException as exc:
+                log.warning(
+                    "leadership transfer to %s failed group=%s selfId=%s term=%d: %s", req.transferee_id,
+                    self.config.group, self.config.self_id, self.member_state.curr_term, exc,
+                )  # fmt: skip
                 resp.code = int(exc.code)
         return self._resp_header(req, resp)

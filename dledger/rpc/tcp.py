@@ -34,7 +34,7 @@ from dledger.rpc.protocol import (
 log = logging.getLogger("dledger.rpc.tcp")
 
 _BACKOFF_MIN_S = 0.05
-_BACKOFF_MAX_S = 1.0
+_BACKOFF_MAX_S = 0.5
 _CONNECT_TIMEOUT_S = 1.0
 
 
