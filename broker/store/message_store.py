@@ -49,6 +49,7 @@ from broker.message import (
     read_total_size,
     tags_hash_code,
 )
+from broker.store import store_recovery
 from broker.store.commitlog import CommitLog
 from broker.store.consume_queue import ConsumeQueue
 from broker.store.offsets import ConsumerOffsetManager, IdempotencyTable, PutResult
@@ -56,9 +57,7 @@ from broker.topics import (
     SYS_BROKER_MEMBERS,
     SYS_CONSUMER_OFFSETS,
     SYS_TOPIC_CONFIG,
-    TOPIC_NAME_RE,
     TopicConfigManager,
-    is_system_topic,
     validate_topic,
 )
 
@@ -68,15 +67,6 @@ _LONG = struct.Struct(">q")
 MAX_PULL_MESSAGES = 1024
 DEFAULT_PULL_BYTES = 4 * 1024 * 1024
 __all__ = ["DefaultMessageStore", "GetResult", "PutResult"]
-
-
-def _flush_queues(queues: list[ConsumeQueue]) -> None:
-    """fsync consume-queue files (worker thread); a queue deleted meanwhile is skipped."""
-    for cq in queues:
-        try:
-            cq.flush()
-        except (OSError, ValueError) as exc:
-            log.debug("event=cq_flush_skipped topic=%s queueId=%d reason=%s", cq.topic, cq.queue_id, exc)
 
 
 @dataclass(slots=True)
@@ -148,17 +138,17 @@ class DefaultMessageStore:
 
     async def start(self) -> None:
         """Recover consume queues and the commit log, replay system records, start dispatching."""
-        self._load_consume_queues()
+        store_recovery.load_consume_queues(self)
         await self.commit_log.prepare()
         data_end = self.commit_log.data_end
         for cq in self.consume_queues.values():
             cq.truncate_dirty(data_end)
         self.reput_offset = max((cq.max_phys_end for cq in self.consume_queues.values()),
                                 default=self.commit_log.min_offset)
-        self._correct_min_offsets()
+        store_recovery.correct_min_offsets(self)
         self.recover_topic_queue_table()
-        self._replay_system_records()
-        self._rebuild_idempotency()
+        store_recovery.replay_system_records(self)
+        store_recovery.rebuild_idempotency(self)
         self._flush_task = asyncio.get_running_loop().create_task(self._flush_loop())
         await self.commit_log.start()
         if not self.dledger:
@@ -194,77 +184,15 @@ class DefaultMessageStore:
                 self._clean_expired()
             dirty = [cq for cq in self.consume_queues.values() if cq.files.dirty_files()]
             if dirty:
-                await asyncio.to_thread(_flush_queues, dirty)
+                await asyncio.to_thread(store_recovery.flush_queues, dirty)
 
     def _clean_expired(self) -> None:
-        """Local mode: delete expired commit-log files (DLedger cleans its own data files). Both
-        modes: consume-queue units pointing below the log's first byte are no longer served and
-        whole consume-queue files below it are deleted."""
-        cfg = self.config
-        if not self.dledger:
-            self.commit_log.delete_expired(cfg.delete_when, cfg.file_reserved_time,
-                                           cfg.disk_max_used_space_ratio / 100, self.reput_offset)
-        self._correct_min_offsets()
-
-    def _correct_min_offsets(self) -> None:
-        min_phys = self.commit_log.min_offset
-        for cq in self.consume_queues.values():
-            if cq.max_offset > cq.min_offset and cq.get_unit(cq.min_offset)[0] < min_phys:
-                cq.correct_min_offset(min_phys)
-                cq.files.delete_files_before(cq.min_logic_offset * 20)
-
-    def _load_consume_queues(self) -> None:
-        os.makedirs(self.cq_root, exist_ok=True)
-        for topic in sorted(os.listdir(self.cq_root)):
-            tdir = os.path.join(self.cq_root, topic)
-            if not TOPIC_NAME_RE.match(topic) or not os.path.isdir(tdir):
-                log.warning("event=cq_dir_ignored path=%s reason=not a topic name", tdir)
-                continue
-            for qname in sorted(os.listdir(tdir)):
-                if not qname.isdigit():
-                    continue
-                cq = ConsumeQueue(self.cq_root, topic, int(qname), self.config.mapped_file_size_consume_queue)
-                cq.load()
-                cq.recover()
-                self.consume_queues[(topic, int(qname))] = cq
-                self.topics.ensure_from_data(topic, int(qname))
+        store_recovery.clean_expired(self)
 
     def recover_topic_queue_table(self) -> None:
         """The next queue offset of every queue = its consume queue's max offset (a new master
         calls this once everything committed is dispatched)."""
         self.queue_offset_table = {key: cq.max_offset for key, cq in self.consume_queues.items()}
-
-    def _replay_system_records(self) -> None:
-        self._replaying = True
-        try:
-            for (topic, _), cq in sorted(self.consume_queues.items()):
-                handler = self._system_handlers.get(topic)
-                if handler is None:
-                    continue
-                for phys, size, _ in cq.get_units(cq.min_offset, cq.max_offset - cq.min_offset):
-                    try:
-                        ext = decode_message(self.commit_log.get_data(phys, size), phys)
-                        handler(orjson.loads(ext.body))
-                    except (BrokerError, orjson.JSONDecodeError) as exc:
-                        log.error("event=system_record_unreadable topic=%s phys=%d reason=%s",
-                                  topic, phys, exc)
-        finally:
-            self._replaying = False
-
-    def _rebuild_idempotency(self) -> None:
-        if self.config.idempotency_window_ms <= 0:
-            return
-        since = int(time.time() * 1000) - self.config.idempotency_window_ms
-        for (topic, _), cq in self.consume_queues.items():
-            if is_system_topic(topic):
-                continue
-            start = cq.offset_for_timestamp(since, self._store_time_of)
-            for phys, size, _ in cq.get_units(start, cq.max_offset - start):
-                try:
-                    info = decode_dispatch_info(self.commit_log.get_data(phys, size), phys)
-                except BrokerError:
-                    continue
-                self._remember_idempotency(info)
 
     # ---- role (set by the role-change handler) ------------------------------------------------
 
@@ -493,7 +421,7 @@ class DefaultMessageStore:
             except (BrokerError, orjson.JSONDecodeError) as exc:
                 log.error("event=system_record_unreadable topic=%s phys=%d reason=%s", info.topic, phys, exc)
         if PROPERTY_IDEMPOTENCY_KEY in info.properties:
-            self._remember_idempotency(info)
+            self.remember_idempotency(info)
         self.reput_offset = phys + info.size
         ev = self._arrivals.pop(key, None)
         if ev is not None:
@@ -513,7 +441,7 @@ class DefaultMessageStore:
                 keep.append((target, fut))
         self._dispatch_waiters = keep
 
-    def _remember_idempotency(self, info: DispatchInfo) -> None:
+    def remember_idempotency(self, info: DispatchInfo) -> None:
         key = info.properties.get(PROPERTY_IDEMPOTENCY_KEY)
         if key:
             res = PutResult(create_message_id(info.store_host, info.phys_offset), info.queue_id,
@@ -614,7 +542,7 @@ class DefaultMessageStore:
                                   f"no message starts at commit-log offset {commit_log_offset}")
         return decode_message(self.commit_log.get_data(commit_log_offset, size), commit_log_offset)
 
-    def _store_time_of(self, phys: int, size: int) -> int | None:
+    def store_time_of(self, phys: int, size: int) -> int | None:
         try:
             return _LONG.unpack_from(self.commit_log.get_data(phys + STORE_TIMESTAMP_POSITION, 8))[0]
         except BrokerError:
@@ -623,7 +551,7 @@ class DefaultMessageStore:
     def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
         """First queue offset stored at or after `ts_ms` (max offset if none)."""
         cq = self._queue(topic, queue_id)
-        return cq.offset_for_timestamp(ts_ms, self._store_time_of) if cq else 0
+        return cq.offset_for_timestamp(ts_ms, self.store_time_of) if cq else 0
 
     async def wait_for_message(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
         """Long polling: True once the queue's max offset passes `offset`, False after `timeout_s`."""
