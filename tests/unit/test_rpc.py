@@ -1,0 +1,180 @@
+"""RPC: frame codec round trips, and the TCP transport on real loopback sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import pytest
+
+from dledger.codes import DLedgerException, DLedgerResponseCode
+from dledger.entry import DLedgerEntry
+from dledger.rpc.protocol import (
+    FRAME_HEAD,
+    KIND_REQUEST,
+    KIND_RESPONSE,
+    AppendEntryRequest,
+    AppendEntryResponse,
+    GetEntriesResponse,
+    HeartBeatRequest,
+    HeartBeatResponse,
+    LeadershipTransferRequest,
+    MetadataResponse,
+    PushEntryRequest,
+    PushEntryResponse,
+    PushType,
+    VoteRequest,
+    VoteResponse,
+    decode_frame_body,
+    encode_frame,
+    roundtrip,
+)
+from dledger.rpc.tcp import TcpRpcService
+
+
+def entry(i: int, body: bytes) -> DLedgerEntry:
+    return DLedgerEntry(body=body, index=i, term=3, pos=i * 100)
+
+
+@pytest.mark.parametrize(
+    ("msg", "kind"),
+    [
+        (VoteRequest(group="g", remote_id="n1", local_id="n0", term=4, ledger_end_index=9, ledger_end_term=3,
+                     pre_vote=True), KIND_REQUEST),
+        (VoteResponse(term=4, vote_result=5), KIND_RESPONSE),
+        (HeartBeatRequest(group="g", leader_id="n0", term=2), KIND_REQUEST),
+        (HeartBeatResponse(code=403, term=9), KIND_RESPONSE),
+        (PushEntryRequest(type=PushType.APPEND, commit_index=5, prev_index=6, prev_term=3,
+                          entries=[entry(7, b"\x00\xffraw"), entry(8, b"")]), KIND_REQUEST),
+        (PushEntryResponse(index=8, begin_index=0, end_index=8), KIND_RESPONSE),
+        (AppendEntryRequest(bodies=[b"a", b"", bytes(range(256))]), KIND_REQUEST),
+        (AppendEntryResponse(index=3, pos=96, positions=[96, 150]), KIND_RESPONSE),
+        (GetEntriesResponse(entries=[entry(1, b"x")]), KIND_RESPONSE),
+        (MetadataResponse(json=b'{"role":"LEADER"}'), KIND_RESPONSE),
+        (LeadershipTransferRequest(transfer_id="n0", transferee_id="n2", take_leadership_term=5),
+         KIND_REQUEST),
+    ],
+)  # fmt: skip
+def test_every_message_round_trips_through_its_frame(msg: object, kind: int) -> None:
+    back = roundtrip(msg, kind)  # type: ignore[arg-type]
+    if isinstance(msg, (PushEntryRequest, GetEntriesResponse)):
+        for e in msg.entries:
+            e.compute_size_in_bytes()
+    assert back == msg
+
+
+def test_entry_bodies_travel_as_raw_bytes() -> None:
+    body = b"\x01\x02payload-that-is-not-json\xff"
+    frame = encode_frame(KIND_REQUEST, 7, PushEntryRequest(entries=[entry(0, body)]))
+    assert body in frame
+    length, kind, rtype, rid = FRAME_HEAD.unpack_from(frame, 0)
+    assert (length + 4, kind, rtype, rid) == (len(frame), KIND_REQUEST, 51004, 7)
+
+
+def test_truncated_or_trailing_bytes_are_refused() -> None:
+    frame = encode_frame(KIND_REQUEST, 1, AppendEntryRequest(bodies=[b"abc"]))
+    body = memoryview(frame)[FRAME_HEAD.size :]
+    with pytest.raises(DLedgerException) as exc:
+        decode_frame_body(KIND_REQUEST, 50001, body[:-1])
+    assert exc.value.code == DLedgerResponseCode.UNEXPECTED_ARGUMENT
+    with pytest.raises(DLedgerException):
+        decode_frame_body(KIND_REQUEST, 50001, memoryview(bytes(body) + b"x"))
+    with pytest.raises(DLedgerException):
+        decode_frame_body(KIND_REQUEST, 12345, body)
+
+
+class Echo:
+    """A handler answering heartbeats after a delay given in the term (to test pipelining)."""
+
+    async def handle_heartbeat(self, req: HeartBeatRequest) -> HeartBeatResponse:
+        await asyncio.sleep(req.term / 1000)
+        return HeartBeatResponse(
+            group=req.group, remote_id=req.local_id, local_id=req.remote_id, term=req.term
+        )
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+async def test_tcp_pipelines_many_requests_on_one_connection_and_matches_answers() -> None:
+    peers = {"n0": f"127.0.0.1:{free_port()}"}
+    server = TcpRpcService("g", "n0", peers)
+    server.register_handler(Echo())  # type: ignore[arg-type]
+    await server.start()
+    client = TcpRpcService("g", "c", peers, listen=False)
+    try:
+        terms = [50 - i for i in range(50)]  # later requests answer first
+        resps = await asyncio.gather(
+            *(client.heartbeat("n0", HeartBeatRequest(group="g", remote_id="n0", local_id="c", term=t), 2.0)
+              for t in terms)
+        )  # fmt: skip
+        assert [r.term for r in resps] == terms
+        assert len(server.server_conns) == 1
+    finally:
+        await client.shutdown()
+        await server.shutdown()
+
+
+async def test_tcp_refuses_a_frame_for_another_group_or_member() -> None:
+    peers = {"n0": f"127.0.0.1:{free_port()}"}
+    server = TcpRpcService("g", "n0", peers)
+    server.register_handler(Echo())  # type: ignore[arg-type]
+    await server.start()
+    other = TcpRpcService("other", "c", peers, listen=False)
+    try:
+        resp = await other.heartbeat("n0", HeartBeatRequest(group="other", remote_id="n0", term=1), 2.0)
+        assert resp.code == DLedgerResponseCode.UNKNOWN_GROUP
+        resp = await other.heartbeat("n0", HeartBeatRequest(group="g", remote_id="n9", term=1), 2.0)
+        assert resp.code == DLedgerResponseCode.UNKNOWN_MEMBER
+    finally:
+        await other.shutdown()
+        await server.shutdown()
+
+
+async def test_tcp_closes_connection_on_oversized_frame_before_reading_it() -> None:
+    peers = {"n0": f"127.0.0.1:{free_port()}"}
+    server = TcpRpcService("g", "n0", peers, max_frame_size=1024)
+    server.register_handler(Echo())  # type: ignore[arg-type]
+    await server.start()
+    try:
+        host, port = peers["n0"].split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(struct.pack(">I", 1 << 30))  # claims 1 GB; nothing else sent
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 2.0) == b""  # closed by the server
+        writer.close()
+    finally:
+        await server.shutdown()
+
+
+async def test_tcp_unreachable_peer_fails_fast_then_reconnects_when_it_is_back() -> None:
+    peers = {"n0": f"127.0.0.1:{free_port()}"}
+    client = TcpRpcService("g", "c", peers, listen=False)
+    req = HeartBeatRequest(group="g", remote_id="n0", local_id="c", term=1)
+    with pytest.raises(DLedgerException) as exc:
+        await client.heartbeat("n0", req, 1.0)
+    assert exc.value.code == DLedgerResponseCode.NETWORK_ERROR
+    server = TcpRpcService("g", "n0", peers)
+    server.register_handler(Echo())  # type: ignore[arg-type]
+    await server.start()
+    try:
+        for _ in range(40):
+            try:
+                resp = await client.heartbeat("n0", req, 1.0)
+                break
+            except DLedgerException:
+                await asyncio.sleep(0.05)
+        assert resp.term == 1
+        # The server goes away: a pending call fails with NETWORK_ERROR, not a hang.
+        await server.shutdown()
+        with pytest.raises(DLedgerException):
+            await client.heartbeat("n0", req, 1.0)
+    finally:
+        await client.shutdown()
+        await server.shutdown()
