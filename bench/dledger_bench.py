@@ -1,0 +1,166 @@
+"""DLedger replication benchmark: 3 local `python -m dledger` processes (mmap file store), one
+client process (uvloop) appending over the TCP protocol.
+
+Measures committed appends/s and p50/p99 latency for 100 B and 1 KB bodies with 1, 16 and 256
+appends in flight and with batch appends of 100 bodies, in ASYNC_FLUSH and SYNC_FLUSH, and counts
+elections during the run (there should be none after the first). Prints a table and writes
+bench/results/dledger_bench.json.
+
+    .venv/bin/python bench/dledger_bench.py [--seconds 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dledger.client import DLedgerClient  # noqa: E402
+from dledger.codes import DLedgerException  # noqa: E402
+
+GROUP = "bench"
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Cluster:
+    def __init__(self, flush: str, base: Path) -> None:
+        self.ids = ["n0", "n1", "n2"]
+        self.peers = ";".join(f"{m}-127.0.0.1:{p}" for m, p in zip(self.ids, free_ports(3), strict=True))
+        self.flush = flush
+        self.base = base
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        for m in self.ids:
+            log = open(self.base / f"{m}.log", "ab")  # noqa: SIM115 - owned by the child
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "dledger", "--group", GROUP, "--self-id", m, "--peers", self.peers,
+                 "--store-dir", str(self.base / m), "--flush-disk-type", self.flush, "--log-level", "WARNING"],
+                cwd=REPO, stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+            log.close()
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def pct(sorted_vals: list[float], q: float) -> float:
+    if not sorted_vals:
+        return float("nan")
+    return sorted_vals[min(len(sorted_vals) - 1, int(q * len(sorted_vals)))]
+
+
+async def run_case(c: DLedgerClient, body_size: int, inflight: int, batch: int, seconds: float) -> dict:
+    body = os.urandom(body_size)
+    bodies = [body] * batch
+    lat: list[float] = []
+    entries = 0
+    errors = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal entries, errors
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            try:
+                await c.append(bodies)
+            except DLedgerException:
+                errors += 1
+                continue
+            lat.append(time.perf_counter() - t0)
+            entries += batch
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(inflight)))
+    elapsed = time.perf_counter() - t0
+    lat.sort()
+    return {"body_bytes": body_size, "in_flight": inflight, "batch": batch, "seconds": round(elapsed, 2),
+            "entries_per_s": round(entries / elapsed), "requests": len(lat), "errors": errors,
+            "p50_ms": round(pct(lat, 0.50) * 1000, 2), "p99_ms": round(pct(lat, 0.99) * 1000, 2)}  # fmt: skip
+
+
+async def bench_cluster(flush: str, cases: list[tuple[int, int, int]], seconds: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix="dledger-bench-") as tmp:
+        cluster = Cluster(flush, Path(tmp))
+        cluster.start()
+        try:
+            async with DLedgerClient(GROUP, cluster.peers, timeout_s=10.0) as c:
+                await c.find_leader()
+                await c.append([b"warmup"] * 100)
+                term0 = (await c.metadata(c.leader_id))["term"]  # type: ignore[arg-type]
+                results = []
+                for body, inflight, batch in cases:
+                    r = await run_case(c, body, inflight, batch, seconds)
+                    r["flush"] = flush
+                    results.append(r)
+                    print(f"{flush:11} body={body:5} inflight={inflight:4} batch={batch:4} "
+                          f"{r['entries_per_s']:>8}/s p50={r['p50_ms']:>7}ms p99={r['p99_ms']:>7}ms "
+                          f"errors={r['errors']}", flush=True)  # fmt: skip
+                mds = [await c.metadata(m) for m in cluster.ids]
+                terms = {md["term"] for md in mds}
+                return {"results": results, "elections_during_run": max(terms) - term0,
+                        "committed": [md["committedIndex"] for md in mds]}  # fmt: skip
+        finally:
+            cluster.stop()
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    cases = [(size, inflight, 1) for size in (100, 1024) for inflight in (1, 16, 256)]
+    cases += [(100, 16, 100), (1024, 16, 100)]
+    sync_cases = [(1024, 16, 1), (1024, 256, 1), (1024, 16, 100)]
+    if args.quick:
+        cases = [(1024, 16, 1), (1024, 16, 100)]
+        sync_cases = [(1024, 16, 100)]
+    out = {"async": await bench_cluster("ASYNC_FLUSH", cases, args.seconds)}
+    out["sync"] = await bench_cluster("SYNC_FLUSH", sync_cases, args.seconds)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    try:
+        import uvloop
+
+        out = uvloop.run(main_async(args))
+    except ImportError:
+        out = asyncio.run(main_async(args))
+    out["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    results_dir = REPO / "bench" / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / "dledger_bench.json").write_text(json.dumps(out, indent=2))
+    print(f"elections during run: async={out['async']['elections_during_run']} "
+          f"sync={out['sync']['elections_during_run']}; wrote bench/results/dledger_bench.json")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
