@@ -52,11 +52,14 @@ class Cluster:
 
     def start(self) -> None:
         for m in self.ids:
-            log = open(self.base / f"{m}.log", "ab")  # noqa: SIM115 - owned by the child
-            self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "dledger", "--group", GROUP, "--self-id", m, "--peers", self.peers,
-                 "--store-dir", str(self.base / m), "--flush-disk-type", self.flush, "--log-level", "WARNING"],
-                cwd=REPO, stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+            log = open(self.base / f"{m}.log", "ab")
+            cmd = [sys.executable, "-m", "dledger", "--group", GROUP, "--self-id", m, "--peers", self.peers]
+            cmd += ["--store-dir", str(self.base / m), "--flush-disk-type", self.flush]
+            cmd += ["--log-level", "WARNING"]
+            prof_dir = os.environ.get("DLEDGER_BENCH_PROFILE")  # cProfile each member into this dir
+            if prof_dir:
+                cmd[1:1] = ["-m", "cProfile", "-o", os.path.join(prof_dir, f"{m}.prof")]
+            self.procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
             log.close()
 
     def stop(self) -> None:
