@@ -62,7 +62,8 @@ def check_entry(store: DLedgerMmapFileStore, index: int) -> int:
 @pytest.mark.timeout(120)
 def test_sigkill_at_random_moments_never_loses_checkpointed_committed_entries(tmp_path, children) -> None:
     base = str(tmp_path)
-    rng = random.Random(20261122)
+    seed = int(os.environ.get("STORE_CRASH_SEED", "20261122"))  # set it to replay or vary a run
+    rng = random.Random(seed)
     crc_of: dict[int, int] = {}  # entries that were at or below a checkpointed committed index
     verified_to = -1
     ends = []
