@@ -15,7 +15,6 @@ import heapq
 import itertools
 import logging
 import os
-import shutil
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -35,13 +34,13 @@ from dledger.entry import (
 )
 from dledger.store.base import DLedgerStore
 from dledger.store.checkpoint import CHECKPOINT_FILE, Checkpoint, write_checkpoint
+from dledger.store.clean_space import CleanSpaceService
 from dledger.store.file_list import MmapFileList
 
 log = logging.getLogger(__name__)
 
 _E = DLedgerResponseCode
 _CRC_FIX = 0x80000000  # crc - ((crc & _CRC_FIX) << 1) turns zlib's unsigned CRC into a Java int
-_CLEAN_INTERVAL_S = 0.1  # DLedger's CleanSpaceService period
 
 
 def _signed(crc: int) -> int:
@@ -64,7 +63,7 @@ class DLedgerMmapFileStore(DLedgerStore):
         if config.mapped_file_size_for_entry_index % INDEX_UNIT_SIZE:
             raise ValueError("mapped_file_size_for_entry_index must be a multiple of 32")
         self.checkpoint_path = os.path.join(config.default_path(), CHECKPOINT_FILE)
-        self.disk_used_ratio: Callable[[], float] = disk_used_ratio or self._store_disk_used_ratio
+        self.clean_space_service = CleanSpaceService(self, disk_used_ratio)
         self.ledger_begin_index = -1
         self.ledger_end_index = -1
         self.ledger_end_term = -1
@@ -110,7 +109,7 @@ class DLedgerMmapFileStore(DLedgerStore):
         self.check_disk_space()
         sid = self.config.self_id
         self._tasks = [asyncio.create_task(self._flush_service(), name=f"dledger-flush-{sid}"),
-                       asyncio.create_task(self._clean_space_service(), name=f"dledger-clean-{sid}")]
+                       asyncio.create_task(self.clean_space_service.run(), name=f"dledger-clean-{sid}")]
 
     async def shutdown(self) -> None:
         """Stop the services, flush everything, write the checkpoint, unmap the files."""
@@ -578,36 +577,15 @@ class DLedgerMmapFileStore(DLedgerStore):
     def is_disk_full(self) -> bool:
         return self._disk_full
 
-    def _store_disk_used_ratio(self) -> float:
-        usage = shutil.disk_usage(self.config.default_path())
-        return usage.used / usage.total if usage.total else 1.0
-
     def check_disk_space(self, now: float | None = None) -> int:
-        """CleanSpaceService's step: set `is_disk_full`, delete expired (or, above the force-clean
-        ratio, the oldest committed) data files. Returns the number of data files deleted."""
-        cfg = self.config
-        ratio = self.disk_used_ratio()
-        full = ratio > cfg.disk_full_ratio
+        """One CleanSpaceService step (see `dledger.store.clean_space`); returns files deleted."""
+        return self.clean_space_service.step(now)
+
+    def set_disk_full(self, full: bool, ratio: float) -> None:
         if full != self._disk_full:
             log.warning("event=disk_full_changed %s full=%s usedRatio=%.3f diskFullRatio=%.3f", self._ctx,
-                        full, ratio, cfg.disk_full_ratio)
+                        full, ratio, self.config.disk_full_ratio)
             self._disk_full = full
-        now = time.time() if now is None else now
-        hours = {h.strip() for h in cfg.delete_when.split(";") if h.strip()}
-        time_up = time.strftime("%H", time.localtime(now)) in hours
-        force = cfg.enable_disk_force_clean and ratio > cfg.disk_space_ratio_to_force_clean
-        if not (time_up or force or ratio > cfg.disk_space_ratio_to_check_expired):
-            return 0
-        if self.committed_pos < 0:
-            return 0
-        count = self.data_file_list.delete_expired_files(
-            cfg.file_reserved_hours * 3600 * 1000, int(now * 1000), force=force,
-            max_end_offset=self.committed_pos)
-        if count:
-            self.revise_ledger_begin_index()
-            log.info("event=expired_files_deleted %s count=%d usedRatio=%.3f force=%s begin=%d", self._ctx,
-                     count, ratio, force, self.ledger_begin_index)
-        return count
 
     def revise_ledger_begin_index(self) -> None:
         """Begin index/pos from the first data file's first entry; drop index files below it."""
@@ -624,11 +602,3 @@ class DLedgerMmapFileStore(DLedgerStore):
         self.ledger_begin_index = HEADER.unpack_from(mf.mm, off)[2]
         self._data_begin_pos = mf.file_from_offset + off
         self.index_file_list.delete_files_before(self.ledger_begin_index * INDEX_UNIT_SIZE)
-
-    async def _clean_space_service(self) -> None:
-        while True:
-            await asyncio.sleep(_CLEAN_INTERVAL_S)
-            try:
-                self.check_disk_space()
-            except Exception:
-                log.exception("event=clean_space_error %s", self._ctx)
