@@ -316,6 +316,7 @@ class FaultCluster:
             await asyncio.sleep(interval_s)
 
     async def _sample(self, m: Member) -> None:
+        incarnation = m.incarnation  # the process asked; a restart may happen while we wait
         inv = self.history.invoke("status", "monitor", None, node=m.name)
         st = await self.status(m)
         if st is None or not isinstance(st.get("dledger"), dict):
@@ -325,9 +326,10 @@ class FaultCluster:
         md["role"] = str(md.get("role", "")).upper().rsplit(".", 1)[-1]
         md.setdefault("selfId", m.name)
         md["brokerRole"] = st.get("role")
-        self.last_status[m.name] = md
+        if incarnation == m.incarnation and m.alive():
+            self.last_status[m.name] = md
         self.term_high = max(self.term_high, int(md.get("term", -1) or -1))
-        self.history.ok(inv, md, incarnation=m.incarnation)
+        self.history.ok(inv, md, incarnation=incarnation)
 
     def current_leader(self) -> tuple[Member | None, int]:
         """The live member that last reported LEADER with the highest term (from the monitor)."""

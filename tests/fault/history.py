@@ -116,10 +116,14 @@ class History:
         inv = self.invoke(f, "nemesis", value, **extra)
         return self.ok(inv, **extra)
 
-    def close_open_as_info(self, reason: str = "history closed with the operation in flight") -> None:
-        """Complete every still-open operation as `info` (a worker cancelled mid-request)."""
+    def close_open_as_info(self, reason: str = "history closed with the operation in flight",
+                           processes: Iterable[str] | None = None) -> None:
+        """Complete still-open operations as `info` (a worker cancelled mid-request): all of
+        them, or only those of the given processes."""
+        only = None if processes is None else set(processes)
         for inv in list(self._open.values()):
-            self.info(inv, reason)
+            if only is None or inv.process in only:
+                self.info(inv, reason)
 
     def close(self) -> None:
         """Flush and close the mirror file (events stay readable in memory)."""

@@ -28,6 +28,7 @@ import json
 import os
 import runpy
 import sys
+import threading
 from typing import Any
 
 
@@ -38,19 +39,22 @@ def install_fsync_recorder(record_path: str) -> None:
     original = file_list.MmapFileList.mark_flushed
     flushed: dict[str, int] = {}
     tmp = record_path + ".tmp"
+    # Consume-queue flushes run in a worker thread while the DLedger store's run on the loop.
+    lock = threading.Lock()
 
     def mark_flushed(targets: list[tuple[Any, int]]) -> None:
         original(targets)
-        changed = False
-        for mf, _ in targets:
-            if flushed.get(mf.path) != mf.flushed_pos:
-                flushed[mf.path] = mf.flushed_pos
-                changed = True
-        if changed:
-            # Page cache survives SIGKILL, so no fsync of the record itself is needed.
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(flushed, fh)
-            os.replace(tmp, record_path)
+        with lock:
+            changed = False
+            for mf, _ in targets:
+                if flushed.get(mf.path, -1) < mf.flushed_pos:
+                    flushed[mf.path] = mf.flushed_pos
+                    changed = True
+            if changed:
+                # Page cache survives SIGKILL, so no fsync of the record itself is needed.
+                with open(tmp, "w", encoding="utf-8") as fh:
+                    json.dump(flushed, fh)
+                os.replace(tmp, record_path)
 
     file_list.MmapFileList.mark_flushed = staticmethod(mark_flushed)  # type: ignore[method-assign]
 

@@ -52,14 +52,18 @@ def _problem(r: httpx.Response) -> dict[str, Any] | None:
 
 
 class Router:
-    """Who to send a write to: the monitor's leader, else a 421 hint, else round robin."""
+    """Who to send a write to: a pinned member (a scenario forcing writes at one member), else the
+    monitor's leader, else a 421 hint, else round robin."""
 
-    def __init__(self, cluster: FaultCluster) -> None:
+    def __init__(self, cluster: FaultCluster, pin: dict[str, Member | None] | None = None) -> None:
         self.cluster = cluster
         self.hint: Member | None = None
+        self.pin = pin if pin is not None else {}
         self._rr = 0
 
     def target(self) -> Member:
+        if self.pin.get("member") is not None:
+            return self.pin["member"]
         leader, _ = self.cluster.current_leader()
         if leader is not None:
             return leader
@@ -132,9 +136,10 @@ async def send_one(cluster: FaultCluster, history: History, router: Router, proc
 
 
 async def producer(cluster: FaultCluster, history: History, worker: int, stop: asyncio.Event,
-                   cfg: WorkloadConfig, run_id: str, rng: random.Random) -> None:
+                   cfg: WorkloadConfig, run_id: str, rng: random.Random,
+                   pin: dict[str, Member | None] | None = None) -> None:
     """Send unique values until `stop` is set."""
-    router = Router(cluster)
+    router = Router(cluster, pin)
     seq = 0
     process = f"p{worker}"
     while not stop.is_set():
@@ -227,13 +232,14 @@ class Workload:
         self.run_id = f"r{seed}"
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self.pin: dict[str, Member | None] = {"member": None}  # see `Router`
 
     async def start(self) -> None:
         await ensure_topic(self.cluster, self.cfg.topic, self.cfg.queues)
         for i in range(self.cfg.producers):
             rng = random.Random(self.rng.random())
             self._tasks.append(asyncio.create_task(
-                producer(self.cluster, self.history, i, self._stop, self.cfg, self.run_id, rng)))
+                producer(self.cluster, self.history, i, self._stop, self.cfg, self.run_id, rng, self.pin)))
         for i in range(self.cfg.pollers):
             rng = random.Random(self.rng.random())
             self._tasks.append(asyncio.create_task(
@@ -249,4 +255,5 @@ class Workload:
         for t in done:
             if t.exception() is not None:
                 raise t.exception()
-        self.history.close_open_as_info("workload stopped with the request in flight")
+        mine = [f"p{i}" for i in range(self.cfg.producers)] + [f"c{i}" for i in range(self.cfg.pollers)]
+        self.history.close_open_as_info("workload stopped with the request in flight", mine)
