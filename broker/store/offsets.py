@@ -13,6 +13,7 @@ member and is rebuilt by replay, and a retry after a failover still finds the fi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -26,6 +27,7 @@ from broker.topics import SYS_CONSUMER_OFFSETS
 log = logging.getLogger(__name__)
 
 RecordWriter = Callable[[str, dict[str, Any]], Awaitable[None]]
+SNAPSHOT_EVERY_RECORDS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +45,16 @@ class ConsumerOffsetManager:
     """Committed offsets per (group, topic, queueId). Callers: HTTP offset routes and consumers
     (`commit`, `commit_many`, `query`, `offsets_of`), the dispatcher (`apply_record`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, snapshot_every_records: int = SNAPSHOT_EVERY_RECORDS) -> None:
         self._table: dict[tuple[str, str], dict[int, int]] = {}
         self._writer: RecordWriter | None = None
+        self.snapshot_every_records = snapshot_every_records
+        self.records_since_snapshot = 0
+        # A snapshot must hold exactly the state at its place in the log: it waits for commits in
+        # flight to be applied and holds new ones back while it is written.
+        self._snapshot_lock = asyncio.Lock()
+        self._inflight = 0
+        self._drained = asyncio.Event()
 
     def set_writer(self, writer: RecordWriter) -> None:
         self._writer = writer
@@ -66,8 +75,32 @@ class ConsumerOffsetManager:
                                   field="offsets")
         if self._writer is None:
             raise BrokerError(BrokerCode.SERVICE_UNAVAILABLE, "offset store is not started")
-        await self._writer(SYS_CONSUMER_OFFSETS, {"group": group, "topic": topic,
-                                                  "offsets": {str(q): o for q, o in offsets.items()}})
+        while self._snapshot_lock.locked():
+            async with self._snapshot_lock:
+                pass
+        self._inflight += 1
+        try:
+            await self._writer(SYS_CONSUMER_OFFSETS, {"group": group, "topic": topic,
+                                                      "offsets": {str(q): o for q, o in offsets.items()}})
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._drained.set()
+        if self.records_since_snapshot >= self.snapshot_every_records and not self._snapshot_lock.locked():
+            await self.write_snapshot()
+
+    async def write_snapshot(self) -> None:
+        """Write the whole table as one record; replay at start begins at the last snapshot, so
+        start-up time stays bounded however many commits the log holds."""
+        if self._writer is None:
+            raise BrokerError(BrokerCode.SERVICE_UNAVAILABLE, "offset store is not started")
+        async with self._snapshot_lock:
+            while self._inflight:
+                self._drained.clear()
+                await self._drained.wait()
+            table = [[g, t, {str(q): o for q, o in qs.items()}] for (g, t), qs in self._table.items()]
+            self.records_since_snapshot = 0
+            await self._writer(SYS_CONSUMER_OFFSETS, {"snapshot": table})
 
     def query(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 if the group never committed one for this queue."""
@@ -82,7 +115,16 @@ class ConsumerOffsetManager:
         return sorted({g for g, _ in self._table})
 
     def apply_record(self, record: dict[str, Any]) -> None:
-        """Apply a replicated offset record (dispatcher, in log order)."""
+        """Apply a replicated offset record (dispatcher, in log order); a snapshot replaces the table."""
+        if "snapshot" in record:
+            try:
+                self._table = {(str(g), str(t)): {int(q): int(o) for q, o in qs.items()}
+                               for g, t, qs in record["snapshot"]}
+                self.records_since_snapshot = 0
+            except (TypeError, ValueError, AttributeError):
+                log.error("event=bad_offset_snapshot")
+            return
+        self.records_since_snapshot += 1
         try:
             key = (str(record["group"]), str(record["topic"]))
             queues = self._table.setdefault(key, {})

@@ -74,20 +74,31 @@ def load_consume_queues(store: DefaultMessageStore) -> None:
 
 
 def replay_system_records(store: DefaultMessageStore) -> None:
-    """Rebuild topics, offsets, members (and any registered state) from the system topics."""
+    """Rebuild topics, offsets, members (and any registered state) from the system topics. A
+    record holding a "snapshot" key replaces its state, so replay starts at the last one (found
+    by reading the queue backwards)."""
     store._replaying = True
     try:
         for (topic, _), cq in sorted(store.consume_queues.items()):
             handler = store._system_handlers.get(topic)
             if handler is None:
                 continue
-            for phys, size, _ in cq.get_units(cq.min_offset, cq.max_offset - cq.min_offset):
+            records = []
+            for off in range(cq.max_offset - 1, cq.min_offset - 1, -1):
+                phys, size, _ = cq.get_unit(off)
+                if size <= 0:
+                    continue
                 try:
-                    ext = decode_message(store.commit_log.get_data(phys, size), phys)
-                    handler(orjson.loads(ext.body))
+                    record = orjson.loads(decode_message(store.commit_log.get_data(phys, size), phys).body)
                 except (BrokerError, orjson.JSONDecodeError) as exc:
-                    log.error("event=system_record_unreadable topic=%s phys=%d reason=%s",
-                              topic, phys, exc)
+                    log.error("event=system_record_unreadable topic=%s phys=%d reason=%s", topic, phys, exc)
+                    continue
+                records.append(record)
+                if isinstance(record, dict) and "snapshot" in record:
+                    break
+            for record in reversed(records):
+                handler(record)
+            log.info("event=system_records_replayed topic=%s records=%d", topic, len(records))
     finally:
         store._replaying = False
 

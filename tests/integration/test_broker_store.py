@@ -327,3 +327,21 @@ async def test_local_lost_tail_cuts_consume_queues_on_recovery(tmp_path):
 def _data_file_of_local(root, phys: int) -> tuple[str, int]:
     size = 64 * 1024
     return os.path.join(str(root), "commitlog", f"{phys - phys % size:020d}"), phys % size
+
+
+async def test_offset_replay_starts_at_last_snapshot(mode, tmp_path, caplog):
+    cfg = make_config(mode, tmp_path)
+    s = await open_store(cfg)
+    s.offsets.snapshot_every_records = 10
+    for i in range(25):
+        await s.offsets.commit("g", "T", i % 3, i)
+    await close_store(s)
+    with caplog.at_level("INFO", logger="broker.store.message_store"):
+        s = await open_store(cfg)
+    try:
+        assert [s.offsets.query("g", "T", q) for q in range(3)] == [24, 22, 23]
+        replayed = [r.getMessage() for r in caplog.records if "RMQ_SYS_CONSUMER_OFFSETS" in r.getMessage()
+                    and "system_records_replayed" in r.getMessage()]
+        assert replayed and int(replayed[0].rsplit("=", 1)[1]) < 10
+    finally:
+        await close_store(s)
