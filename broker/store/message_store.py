@@ -34,6 +34,8 @@ from broker.config import BrokerConfig
 from broker.errors import BrokerCode, BrokerError
 from broker.message import (
     FIXED_OVERHEAD,
+    MESSAGE_MAGIC_CODE,
+    PHY_POS_POSITION,
     PROPERTY_IDEMPOTENCY_KEY,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
@@ -46,7 +48,6 @@ from broker.message import (
     decode_message,
     encode_message,
     new_uniq_key,
-    read_total_size,
     tags_hash_code,
 )
 from broker.store import store_recovery
@@ -536,10 +537,15 @@ class DefaultMessageStore:
         if not isinstance(commit_log_offset, int) or commit_log_offset < 0:
             raise BrokerError(BrokerCode.INVALID_REQUEST, f"bad commit-log offset {commit_log_offset!r}")
         if size is None:
-            size = read_total_size(self.commit_log.get_data(commit_log_offset, 4))
-            if size < FIXED_OVERHEAD:
+            # A message starts here only if the magic is there and its stamped PHYSICALOFFSET
+            # names this very offset (a msgId pointing into the middle of something is "not found").
+            head = self.commit_log.get_data(commit_log_offset, PHY_POS_POSITION + 8)
+            size, magic = struct.unpack_from(">ii", head, 0)
+            stamped = _LONG.unpack_from(head, PHY_POS_POSITION)[0]
+            if magic != MESSAGE_MAGIC_CODE or stamped != commit_log_offset or size < FIXED_OVERHEAD:
                 raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND,
-                                  f"no message starts at commit-log offset {commit_log_offset}")
+                                  f"no message starts at commit-log offset {commit_log_offset}",
+                                  commitLogOffset=commit_log_offset)
         return decode_message(self.commit_log.get_data(commit_log_offset, size), commit_log_offset)
 
     def store_time_of(self, phys: int, size: int) -> int | None:

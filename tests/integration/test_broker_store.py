@@ -148,7 +148,7 @@ async def test_idempotency_key_in_batch_and_concurrent(store):
 
 
 async def test_bad_input_precise_errors_nothing_stored(store):
-    await store.put_messages("T", [Message("T", b"ok")], 0)
+    ok = await store.put_messages("T", [Message("T", b"ok")], 0)
     before = store.commit_log.max_offset
     cases = [
         (lambda: store.put_messages("T", [Message("T", b"x" * (16 * 1024 + 1))], 0),
@@ -169,7 +169,9 @@ async def test_bad_input_precise_errors_nothing_stored(store):
     for call, code in [(lambda: store.get_messages("T", 0, 5, 1), BrokerCode.OFFSET_OUT_OF_RANGE),
                        (lambda: store.get_messages("T", 9, 0, 1), BrokerCode.QUEUE_NOT_EXIST),
                        (lambda: store.get_messages("Nope", 0, 0, 1), BrokerCode.TOPIC_NOT_EXIST),
-                       (lambda: store.look_message_by_offset(10**12), BrokerCode.MESSAGE_NOT_FOUND)]:
+                       (lambda: store.look_message_by_offset(10**12), BrokerCode.MESSAGE_NOT_FOUND),
+                       (lambda: store.look_message_by_offset(ok[0].commit_log_offset + 7),
+                        BrokerCode.MESSAGE_NOT_FOUND)]:
         with pytest.raises(BrokerError) as ei:
             call()
         assert ei.value.code == code
