@@ -173,3 +173,15 @@ def test_delete_expired_files_by_mtime_keeps_the_last_and_respects_a_bound(tmp_p
     assert fl.delete_expired_files(3600 * 1000, now_ms) == 1
     assert len(fl.files) == 1  # the last file stays
     assert _names(str(tmp_path)) == [f"{768:020d}"]
+
+
+def test_a_file_deleted_while_a_reader_holds_a_view_is_unmapped_when_the_view_goes(tmp_path) -> None:
+    fl = MmapFileList(str(tmp_path), FILE_SIZE)
+    for _ in range(4):
+        fl.append(b"v" * 100)
+    view = fl.get_data(256, 100)
+    fl.truncate_offset(200)  # deletes the file the view points into
+    assert _names(str(tmp_path)) == [f"{0:020d}"]
+    assert bytes(view) == b"v" * 100  # the mapping outlives the file until the view is released
+    view.release()
+    assert fl.append(b"w" * 100) == 256
