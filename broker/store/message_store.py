@@ -295,8 +295,9 @@ class DefaultMessageStore:
             for k, p in mine.items():
                 self._pending.pop(k, None)
                 if not p.future.done():
-                    p.future.set_exception(exc if isinstance(exc, BrokerError) else
-                                           BrokerError(BrokerCode.INTERNAL_ERROR, str(exc)))
+                    p.future.set_exception(exc if isinstance(exc, BrokerError) else BrokerError(
+                        BrokerCode.TIMEOUT, f"the first put with this idempotency key was interrupted "
+                        f"({type(exc).__name__}); the outcome is unknown, retry", outcome="unknown"))
                     p.future.exception()  # retrieved: a failure nobody waited for is not "never retrieved"
             raise
         now = int(time.time() * 1000)
