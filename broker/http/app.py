@@ -11,6 +11,7 @@ from fastapi.openapi.utils import get_openapi
 from broker.http import admin, messages, simple_consumer
 from broker.http.acl import AclAuthMiddleware
 from broker.http.context import HttpContext
+from broker.http.hot import HotHandlers, HotPath
 from broker.http.metrics import BrokerStateCollector
 from broker.http.problems import install_problem_handlers
 from broker.http.schemas import ProduceRequest
@@ -41,11 +42,27 @@ def _state_for_metrics(ctx: HttpContext) -> dict[str, Any]:
     }
 
 
+class BrokerApp(FastAPI):
+    """FastAPI with a fast path: produce and pull go straight to `HotPath` (pure ASGI, no
+    middleware/dependency stack); everything else is ordinary FastAPI."""
+
+    hot_path: HotPath | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        hot = self.hot_path
+        if hot is not None and scope["type"] == "http":
+            matched = hot.match(scope)
+            if matched is not None:
+                await hot(matched[0], matched[1], scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(controller: Any) -> FastAPI:
     """Build the HTTP app for one broker. `controller` provides `config` (BrokerConfig), `store`
     (DefaultMessageStore) and optionally `dledger_server`."""
     ctx = HttpContext(controller)
-    app = FastAPI(
+    app = BrokerApp(
         title=f"LedgerMQ broker {ctx.config.broker_name}",
         version="0.1.0",
         description="Produce, pull (long polling), group consumption, topic and offset admin.",
@@ -54,7 +71,9 @@ def create_app(controller: Any) -> FastAPI:
     install_problem_handlers(app)
     if ctx.acl is not None:
         app.add_middleware(AclAuthMiddleware, acl=ctx.acl)
-    app.include_router(messages.build_router(ctx))
+    handlers = HotHandlers(ctx)
+    app.hot_path = HotPath(ctx, handlers)
+    app.include_router(messages.build_router(ctx, handlers))
     app.include_router(simple_consumer.build_router(ctx))
     app.include_router(admin.build_router(ctx))
     ctx.metrics.registry.register(
