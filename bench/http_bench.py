@@ -74,7 +74,10 @@ class Conn:
 def http_request(
     method: str, host: str, path: str, body: bytes = b"", ctype: str = "application/json"
 ) -> bytes:
-    head = f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n"
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {ctype}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -346,14 +349,15 @@ def main(argv: list[str] | None = None) -> int:
         "pull_256": ("msgs_per_s", 60000),
     }
     print(f"{'phase':<18}{'msgs/s':>10}{'req':>9}{'err':>6}{'p50 ms':>9}{'p99 ms':>9}  target")
-    for phase, (key, target) in targets.items():
+    for phase, (_key, target) in targets.items():
         r = report[phase]
         print(
             f"{phase:<18}{r['msgs_per_s']:>10}{r['requests']:>9}{r['errors']:>6}{r['p50_ms']!s:>9}"
             f"{r['p99_ms']!s:>9}  >= {target} msgs/s"
         )
     print(
-        f"p99 single produce target < 25 ms at {args.clients} clients: {report['produce_single']['p99_ms']} ms"
+        f"p99 single produce target < 25 ms at {args.clients} clients: "
+        f"{report['produce_single']['p99_ms']} ms"
     )
     print(
         f"broker RssAnon max MB (mapped files excluded): {report['rss_anon_mb']}; "
