@@ -23,7 +23,7 @@ from enum import IntEnum
 from typing import Any, ClassVar, Protocol
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
-from dledger.entry import HEADER, DLedgerEntry, decode, encode_into
+from dledger.entry import BODY_OFFSET, HEADER, VALID_MAGICS, DLedgerEntry, encode_into
 
 FRAME_HEAD = struct.Struct(">IBHQ")  # length, kind, type, request id
 KIND_REQUEST = 0
@@ -123,19 +123,23 @@ def _put_entries(out: list[bytes], entries: list[DLedgerEntry]) -> None:
 
 
 def _get_entries(buf: memoryview, off: int) -> tuple[list[DLedgerEntry], int]:
+    """Decode `count + entries`. The body CRC is not checked here: the store checks it against
+    the entry's bodyCrc when it writes (follower) and readers check on `get`."""
     (n,) = _U32.unpack_from(buf, off)
     off += 4
     entries = []
+    end = len(buf)
+    unpack = HEADER.unpack_from
     for _ in range(n):
-        if off + 8 > len(buf):
+        if off + BODY_OFFSET > end:
             raise DLedgerException(DLedgerResponseCode.UNEXPECTED_ARGUMENT, "entry overruns frame")
-        size = HEADER.unpack_from(buf, off)[1]
-        if size < 48 or off + size > len(buf):
-            raise DLedgerException(DLedgerResponseCode.UNEXPECTED_ARGUMENT, f"bad entry size {size}")
-        try:
-            entries.append(decode(buf[off : off + size]))
-        except DLedgerException as exc:
-            raise DLedgerException(DLedgerResponseCode.UNEXPECTED_ARGUMENT, exc.detail) from exc
+        magic, size, index, term, pos, channel, chain_crc, crc, body_len = unpack(buf, off)
+        if magic not in VALID_MAGICS or body_len < 0 or size != BODY_OFFSET + body_len or off + size > end:
+            raise DLedgerException(
+                DLedgerResponseCode.UNEXPECTED_ARGUMENT, f"bad entry header (magic {magic}, size {size})"
+            )
+        body = bytes(buf[off + BODY_OFFSET : off + size])
+        entries.append(DLedgerEntry(body, magic, index, term, pos, channel, chain_crc, crc, size))
         off += size
     return entries, off
 
@@ -221,11 +225,18 @@ class PushEntryRequest(RequestOrResponse):
     prev_index: int = -1
     prev_term: int = -1
     entries: list[DLedgerEntry] = field(default_factory=list)
+    # Sender-side shortcut: the entries' exact stored bytes (contiguous in the leader's data file),
+    # sent instead of re-encoding each entry. The receiver always sees `entries`.
+    raw: bytes = b""
     request_code: ClassVar[RequestCode] = RequestCode.PUSH
 
     def _enc(self, out: list[bytes]) -> None:
         out.append(_PUSH.pack(self.type, self.commit_index, self.prev_index, self.prev_term))
-        _put_entries(out, self.entries)
+        if self.raw:
+            out.append(_U32.pack(len(self.entries)))
+            out.append(self.raw)
+        else:
+            _put_entries(out, self.entries)
 
     def _dec(self, buf: memoryview, off: int) -> int:
         self.type, self.commit_index, self.prev_index, self.prev_term = _PUSH.unpack_from(buf, off)

@@ -25,6 +25,8 @@ _FSYNC_DELAY_S = 0.002
 class DLedgerMemoryStore(DLedgerStore):
     """In-memory `DLedgerStore` (no compaction: begin index is 0 once anything is written)."""
 
+    zero_copy_reads = False  # get_data re-encodes: dispatchers must not use it on the hot path
+
     def __init__(self, config: DLedgerConfig) -> None:
         self.config = config
         self.append_hooks = []

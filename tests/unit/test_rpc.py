@@ -178,3 +178,15 @@ async def test_tcp_unreachable_peer_fails_fast_then_reconnects_when_it_is_back()
     finally:
         await client.shutdown()
         await server.shutdown()
+
+
+def test_push_with_raw_stored_bytes_encodes_exactly_like_entry_by_entry() -> None:
+    from dledger.entry import encode
+
+    entries = [entry(i, bytes([i]) * (10 + i)) for i in range(5)]
+    raw = b"".join(bytes(encode(e)) for e in entries)
+    plain = encode_frame(KIND_REQUEST, 3, PushEntryRequest(commit_index=2, entries=entries))
+    fast = encode_frame(KIND_REQUEST, 3, PushEntryRequest(commit_index=2, entries=entries, raw=raw))
+    assert plain == fast
+    back = decode_frame_body(KIND_REQUEST, 51004, memoryview(fast)[FRAME_HEAD.size :])
+    assert [e.body for e in back.entries] == [e.body for e in entries]  # type: ignore[attr-defined]
