@@ -150,8 +150,13 @@ class DefaultMessageStore:
         self.recover_topic_queue_table()
         store_recovery.replay_system_records(self)
         store_recovery.rebuild_idempotency(self)
+        try:
+            await self.commit_log.start()
+        except BaseException:
+            for cq in self.consume_queues.values():
+                cq.close()
+            raise
         self._flush_task = asyncio.get_running_loop().create_task(self._flush_loop())
-        await self.commit_log.start()
         if not self.dledger:
             self.reput_local()
         self.started = True
