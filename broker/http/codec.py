@@ -17,13 +17,21 @@ from starlette.requests import ClientDisconnect, Request
 
 from broker.errors import BrokerCode, BrokerError
 from broker.http.problems import invalid
-from broker.message import Message, MessageExt
+from broker.message import (
+    KEY_SEPARATOR,
+    PROPERTY_IDEMPOTENCY_KEY,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    Message,
+    MessageExt,
+)
 
 MAX_BATCH_MESSAGES = 10_000
 MAX_TAGS_LENGTH = 255
 MAX_KEY_LENGTH = 255
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
-RESERVED_PROPERTIES = frozenset({"TAGS", "KEYS", "UNIQ_KEY", "IDEMPOTENCY_KEY"})
+RESERVED_PROPERTIES = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_IDEMPOTENCY_KEY})
 
 
 async def read_body(request: Request, limit_bytes: int) -> bytes:
@@ -208,8 +216,12 @@ def parse_produce_raw(
     return msg, queue_id
 
 
+_SYSTEM_PROPERTIES = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_IDEMPOTENCY_KEY})
+
+
 def message_json(m: MessageExt, force_base64: bool = False) -> dict[str, Any]:
-    """A stored message as the API shows it: text body when valid UTF-8, base64 otherwise."""
+    """A stored message as the API shows it: text body when valid UTF-8, base64 otherwise.
+    (Hot on pull: one pass over the properties instead of the MessageExt accessors.)"""
     body = m.body
     if force_base64:
         text, enc = base64.b64encode(body).decode("ascii"), "base64"
@@ -218,6 +230,8 @@ def message_json(m: MessageExt, force_base64: bool = False) -> dict[str, Any]:
             text, enc = body.decode("utf-8"), "utf-8"
         except UnicodeDecodeError:
             text, enc = base64.b64encode(body).decode("ascii"), "base64"
+    props = m.properties
+    keys_raw = props.get(PROPERTY_KEYS)
     return {
         "msgId": m.msg_id,
         "topic": m.topic,
@@ -226,9 +240,9 @@ def message_json(m: MessageExt, force_base64: bool = False) -> dict[str, Any]:
         "commitLogOffset": m.commit_log_offset,
         "body": text,
         "bodyEncoding": enc,
-        "tags": m.tags,
-        "keys": m.keys,
-        "properties": m.user_properties,
+        "tags": props.get(PROPERTY_TAGS),
+        "keys": [k for k in keys_raw.split(KEY_SEPARATOR) if k] if keys_raw else [],
+        "properties": {k: v for k, v in props.items() if k not in _SYSTEM_PROPERTIES},
         "bornTimestamp": m.born_timestamp,
         "storeTimestamp": m.store_timestamp,
         "reconsumeTimes": m.reconsume_times,
