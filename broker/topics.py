@@ -12,6 +12,7 @@ failover know exactly the topics the old master had.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -111,6 +112,7 @@ class TopicConfigManager:
         self._topics: dict[str, TopicConfig] = {}
         self._writer: RecordWriter | None = None
         self.on_delete: Callable[[str], None] | None = None  # the store drops the topic's queues
+        self._creating: dict[str, asyncio.Future[TopicConfig]] = {}
 
     def set_writer(self, writer: RecordWriter) -> None:
         """Installed by the message store: appends a record to the commit log and waits for commit."""
@@ -148,7 +150,18 @@ class TopicConfigManager:
         if not self.auto_create_enable:
             raise BrokerError(BrokerCode.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist "
                               "(autoCreateTopicEnable=false)", topic=topic)
-        return await self.create_or_update(topic)
+        creating = self._creating.get(topic)
+        if creating is not None:  # concurrent first puts to a new topic write one record
+            return await asyncio.shield(creating)
+        task = asyncio.ensure_future(self.create_or_update(topic))
+        self._creating[topic] = task
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done():
+                self._creating.pop(topic, None)
+            else:
+                task.add_done_callback(lambda _t: self._creating.pop(topic, None))
 
     async def delete(self, topic: str) -> None:
         validate_topic(topic)

@@ -347,3 +347,10 @@ async def test_offset_replay_starts_at_last_snapshot(mode, tmp_path, caplog):
         assert replayed and int(replayed[0].rsplit("=", 1)[1]) < 10
     finally:
         await close_store(s)
+
+
+async def test_concurrent_first_puts_create_topic_once(store):
+    res = await asyncio.gather(*(store.put_messages("NewTopic", [Message("NewTopic", b"%d" % i)], 0)
+                                 for i in range(10)))
+    assert sorted(r[0].queue_offset for r in res) == list(range(10))
+    assert store.max_offset("RMQ_SYS_TOPIC_CONFIG", 0) == 1
