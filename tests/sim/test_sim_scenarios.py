@@ -8,8 +8,10 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
+from dledger.entry import DLedgerEntry
 from dledger.member_state import Role
 from dledger.rpc.memory import VirtualTimeLoop
+from dledger.statemachine import StateMachine
 from tests.sim.cluster import SimCluster, SimMember
 
 
@@ -152,3 +154,41 @@ def test_preferred_leader_takes_over_when_caught_up() -> None:
 
     # The preference is read by each member's elector at runtime (every 3 s while leader).
     run(with_preference(body))
+
+
+class RecordingMachine(StateMachine):
+    """Remembers what it applied (its "disk" survives the member's restart)."""
+
+    def __init__(self) -> None:
+        self.applied: list[tuple[int, bytes]] = []
+
+    async def on_apply(self, entries: list[DLedgerEntry]) -> None:
+        for e in entries:
+            assert not self.applied or e.index == self.applied[-1][0] + 1, "gap or repeat in applied entries"
+            self.applied.append((e.index, e.body))
+
+    def last_applied_index(self) -> int:
+        return self.applied[-1][0] if self.applied else -1
+
+
+def test_state_machines_apply_committed_entries_in_order_on_every_member_and_resume_after_restart() -> None:
+    machines = {m: RecordingMachine() for m in ("n0", "n1", "n2")}
+
+    async def body(c: SimCluster) -> None:
+        for m in c.members.values():
+            m.server.set_state_machine(machines[m.member_id])  # type: ignore[union-attr]
+        leader = await wait_leader(c)
+        await leader.server.append([b"a", b"b"])  # type: ignore[union-attr]
+        follower = next(m for m in c.members.values() if m is not leader)
+        await c.crash(follower, lose_unflushed=False)
+        await leader.server.append([b"c"])  # type: ignore[union-attr]
+        await c.start_member(follower)
+        follower.server.set_state_machine(machines[follower.member_id])  # type: ignore[union-attr]
+        await leader.server.append([b"d"])  # type: ignore[union-attr]
+        await asyncio.sleep(2.0)
+        expected = [(i, leader.store.get(i).body) for i in range(leader.store.committed_index + 1)]
+        for m in machines.values():
+            assert m.applied == expected
+        assert [b for _, b in expected if b] == [b"a", b"b", b"c", b"d"]
+
+    run(body)
