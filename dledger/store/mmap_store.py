@@ -15,6 +15,7 @@ import heapq
 import itertools
 import logging
 import os
+import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -78,6 +79,7 @@ class DLedgerMmapFileStore(DLedgerStore):
         self._recovered = False
         self._closed = False
         self._last_checkpoint: Checkpoint | None = None
+        self._checkpoint_lock = threading.Lock()
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._waiter_seq = itertools.count()
         self._flush_wakeup: asyncio.Event | None = None
@@ -565,11 +567,13 @@ class DLedgerMmapFileStore(DLedgerStore):
                 await asyncio.sleep(interval_s)
 
     def _write_checkpoint_now(self) -> None:
-        # committedIndex is never recorded above what is on disk, so recovery may rely on it.
-        cp = Checkpoint(self.ledger_end_index, min(self.committed_index, self._flushed_index))
-        if cp != self._last_checkpoint:
-            write_checkpoint(self.checkpoint_path, cp)
-            self._last_checkpoint = cp
+        # Runs in worker threads; a cancelled service's write may still be running at shutdown.
+        with self._checkpoint_lock:
+            # committedIndex is never recorded above what is on disk, so recovery may rely on it.
+            cp = Checkpoint(self.ledger_end_index, min(self.committed_index, self._flushed_index))
+            if cp != self._last_checkpoint:
+                write_checkpoint(self.checkpoint_path, cp)
+                self._last_checkpoint = cp
 
     # ---- disk space -----------------------------------------------------------------------------
 
