@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.entry import DLedgerEntry
 from dledger.rpc.protocol import PushEntryRequest, PushEntryResponse, PushType
+from dledger.taskset import TaskSet
 
 if TYPE_CHECKING:
     from dledger.pusher import DLedgerEntryPusher
@@ -60,7 +61,7 @@ class EntryDispatcher:
         self.quota_bytes = 0
         self.wake = asyncio.Event()
         self.timeout_s = self.config.max_push_time_out_ms / 1000
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         # Raw reads only where they are cheap (the mmap store; the memory store re-encodes).
         store = pusher.store
         self.raw_reader = (

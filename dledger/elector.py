@@ -37,6 +37,7 @@ from dledger.rpc.protocol import (
     VoteResponse,
     VoteResult,
 )
+from dledger.taskset import TaskSet
 
 if TYPE_CHECKING:
     from dledger.pusher import DLedgerEntryPusher
@@ -80,7 +81,7 @@ class DLedgerLeaderElector:
         self.next_preferred_check = 0.0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._side_tasks: set[asyncio.Task[object]] = set()
+        self._side_tasks = TaskSet()
         self._role_event = asyncio.Event()
 
     # -- lifecycle ------------------------------------------------------------------------

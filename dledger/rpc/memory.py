@@ -24,6 +24,7 @@ from dledger.rpc.protocol import (
     error_response,
     roundtrip,
 )
+from dledger.taskset import TaskSet
 
 log = logging.getLogger("dledger.rpc.memory")
 
@@ -141,8 +142,8 @@ class MemoryRpcService(RpcService):
     def __init__(self, network: MemoryNetwork, self_id: str) -> None:
         self.network = network
         self.self_id = self_id
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self._pending: set[asyncio.Future[Any]] = set()
+        self.tasks = TaskSet()
+        self._pending = TaskSet()
         network.services[self_id] = self
 
     async def serve(self, req: RequestOrResponse) -> RequestOrResponse:

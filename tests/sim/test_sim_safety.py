@@ -17,7 +17,7 @@ from tests.sim.scenario import run_seed
 
 SEEDS_3 = int(os.environ.get("LEDGERMQ_SIM_SEEDS", "130"))
 SEEDS_5 = int(os.environ.get("LEDGERMQ_SIM_SEEDS", "70"))
-STEPS = int(os.environ.get("LEDGERMQ_SIM_STEPS", "200"))
+STEPS = int(os.environ.get("LEDGERMQ_SIM_STEPS", "150"))
 
 
 def _run_many(n: int, seeds: int) -> None:
