@@ -118,6 +118,10 @@ class DLedgerMmapFileStore(DLedgerStore):
         if self._closed:
             return
         self._closed = True
+        if self._flush_lock is not None:
+            async with self._flush_lock:  # let a round in flight finish its fsync first
+                for task in self._tasks:
+                    task.cancel()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
