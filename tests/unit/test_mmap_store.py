@@ -387,3 +387,26 @@ def test_expired_files_are_deleted_at_the_delete_when_hour_even_with_a_free_disk
     assert store.check_disk_space(now=now + 3600) == 0  # everything is old by then, but not the hour
     assert store.check_disk_space(now=now) == 3  # the hour: only the three old files go
     assert store.ledger_begin_index == store.get(store.ledger_begin_index).index > 0
+
+
+async def test_writes_are_refused_before_recovery_and_after_shutdown(tmp_path) -> None:
+    store = DLedgerMmapFileStore(make_config(tmp_path))
+    with pytest.raises(DLedgerException) as ex:
+        store.append_as_leader(DLedgerEntry(body=b"early"), 1)
+    assert code_of(ex) is DLedgerResponseCode.DISK_ERROR and "not recovered" in str(ex.value)
+    await store.start()
+    e = store.append_as_leader(DLedgerEntry(body=b"ok"), 1)
+    await store.wait_flushed(e.index)
+    assert store.flushed_index == 0
+    await store.shutdown()
+    with pytest.raises(DLedgerException) as ex:
+        store.append_as_leader(DLedgerEntry(body=b"late"), 1)
+    assert code_of(ex) is DLedgerResponseCode.DISK_ERROR and "shut down" in str(ex.value)
+
+
+def test_wait_flushed_without_the_service_flushes_inline(tmp_path) -> None:
+    store = open_store(tmp_path)
+    _fill(store, 5)
+    asyncio.run(store.wait_flushed(4))
+    assert store.flushed_index == 4
+    assert not store.data_file_list.dirty_files() and not store.index_file_list.dirty_files()
