@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("dledger.dispatcher")
 
 _COMMIT_INTERVAL_S = 1.0
+_COMMIT_DELAY_S = 0.002
 _NETWORK_BACKOFF_S = 0.1
 
 
@@ -265,17 +266,24 @@ class EntryDispatcher:
             if self.raw_reader is not None and len(entries) > 1:
                 self._attach_raw(req, size)
             self.prev_index, self.prev_term = entries[-1].index, entries[-1].term
+            self.last_commit_sent = max(self.last_commit_sent, req.commit_index)
             self.inflight[self.write_index] = now
             self.write_index = i
             self._send(req)
         committed = pusher.store.committed_index
-        if not self.inflight and (
-            committed > self.last_commit_sent or now - self.last_push_time >= _COMMIT_INTERVAL_S
-        ):
-            self._send(self._request(PushType.COMMIT, []))
-            self.last_commit_sent = committed
         deadlines = [_COMMIT_INTERVAL_S]
-        if self.inflight:
+        if not self.inflight:
+            # A moved commit index rides on the next APPEND under load; a COMMIT-only push goes out
+            # once the pipeline has been idle for _COMMIT_DELAY_S (and at least once a second).
+            idle_s = now - self.last_push_time
+            if (
+                committed > self.last_commit_sent and idle_s >= _COMMIT_DELAY_S
+            ) or idle_s >= _COMMIT_INTERVAL_S:
+                self._send(self._request(PushType.COMMIT, []))
+                self.last_commit_sent = committed
+            elif committed > self.last_commit_sent:
+                deadlines.append(_COMMIT_DELAY_S - idle_s)
+        else:
             deadlines.append(next(iter(self.inflight.values())) + self.timeout_s - now)
         return max(min(deadlines), 0.001)
 
