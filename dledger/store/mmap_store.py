@@ -30,6 +30,7 @@ from dledger.entry import (
     INDEX_RECORD,
     INDEX_UNIT_SIZE,
     MAX_BODY_SIZE,
+    MIN_BLANK_LEN,
     DLedgerEntry,
     body_crc32,
 )
@@ -242,7 +243,7 @@ class DLedgerMmapFileStore(DLedgerStore):
             return []
         self._check_append(max(len(e.body) for e in entries))
         hooks = self.append_hooks
-        reserve = self.data_file_list.reserve
+        dl = self.data_file_list
         pack_header = HEADER.pack_into
         pack_index = INDEX_RECORD.pack_into
         crc32 = zlib.crc32
@@ -250,12 +251,23 @@ class DLedgerMmapFileStore(DLedgerStore):
         first_index = index = self.ledger_end_index + 1
         first_pos = -1
         roff = 0
+        # The current file's state lives in locals; `reserve` is called only to roll to a new file.
+        mf = dl.files[-1] if dl.files else None
+        wrote = mf.wrote_pos if mf else 0
+        room = mf.file_size - MIN_BLANK_LEN if mf else -1
         try:
             for entry in entries:
                 body = entry.body
                 blen = len(body)
                 size = BODY_OFFSET + blen
-                mf, off = reserve(size)
+                if wrote + size <= room:
+                    off = wrote
+                else:
+                    if mf is not None:
+                        mf.wrote_pos = wrote
+                    mf, off = dl.reserve(size)
+                    room = mf.file_size - MIN_BLANK_LEN
+                wrote = off + size
                 pos = mf.file_from_offset + off
                 if first_pos < 0:
                     first_pos = pos
@@ -264,6 +276,7 @@ class DLedgerMmapFileStore(DLedgerStore):
                 entry.pos = pos
                 entry.size = size
                 if hooks:
+                    mf.wrote_pos = wrote
                     self._write_with_hooks(mf, off, entry)
                 else:
                     crc = crc32(body)
@@ -276,9 +289,13 @@ class DLedgerMmapFileStore(DLedgerStore):
                 pack_index(records, roff, entry.magic, pos, size, index, term)
                 roff += INDEX_UNIT_SIZE
                 index += 1
+            if mf is not None:
+                mf.wrote_pos = wrote
         except BaseException:
+            if mf is not None and mf.wrote_pos < wrote:
+                mf.wrote_pos = wrote  # so the cut below zeroes what this batch wrote
             if first_pos >= 0:
-                self.data_file_list.truncate_offset(first_pos)
+                dl.truncate_offset(first_pos)
             raise
         self._append_index_records(records, first_index, first_pos)
         self.ledger_end_index = index - 1
