@@ -229,6 +229,10 @@ def recover(store: DLedgerMmapFileStore) -> None:
         store.committed_index = committed
         p, s = store.get_entry_pos_and_size(committed)
         store.committed_pos = p + s
+    elif 0 <= committed < store.ledger_begin_index:
+        # The committed entry's file was deleted as expired: everything kept is above it.
+        store.committed_index = committed
+        store.committed_pos = store.data_begin_pos
     if checkpoint.end_index > last_index:
         log.warning("event=recovered_below_checkpoint_end checkpointEnd=%d end=%d", checkpoint.end_index,
                     last_index)
