@@ -147,7 +147,9 @@ class FaultCluster:
                  conf_overrides: dict[str, Any] | None = None,
                  member_overrides: dict[str, dict[str, Any]] | None = None,
                  dledger_overrides: dict[str, Any] | None = None,
-                 launch_args: dict[str, list[str]] | None = None, seed: int = 0) -> None:
+                 launch_args: dict[str, list[str]] | None = None, seed: int = 0,
+                 broker_name: str = "broker-a", namesrv_port: int | None = None,
+                 hosted: set[str] | None = None) -> None:
         self.workdir = workdir
         self.history = history
         self.flush_disk_type = flush_disk_type
@@ -160,7 +162,10 @@ class FaultCluster:
         self.rng = random.Random(seed)
         n_links = size * (size - 1)
         ports = free_ports(2 + 2 * size + n_links)
-        self.namesrv_port, self.control_port = ports[0], ports[1]
+        self.namesrv_port, self.control_port = namesrv_port or ports[0], ports[1]
+        self.own_namesrv = namesrv_port is None  # else another harness runs the name server
+        self.broker_name = broker_name
+        self.hosted = set(hosted or ())  # members run inside a broker container the test starts
         self.members = [Member(f"n{i}", i, ports[2 + 2 * i], ports[3 + 2 * i], workdir) for i in range(size)]
         link_ports = iter(ports[2 + 2 * size:])
         self.links = {(a.name, b.name): next(link_ports) for a in self.members for b in self.members
@@ -186,15 +191,16 @@ class FaultCluster:
         template = broker_template()
         ns = CONF / "namesrv.conf"
         base_ns = read_properties(ns) if ns.exists() else []
-        write_properties(base_ns, {"listenPort": self.namesrv_port}, self.workdir / "namesrv.conf")
+        if self.own_namesrv:
+            write_properties(base_ns, {"listenPort": self.namesrv_port}, self.workdir / "namesrv.conf")
         for m in self.members:
             peers = ";".join(
                 f"{o.name}-127.0.0.1:{o.peer_port if o is m else self.links[(m.name, o.name)]}"
                 for o in self.members)
             overrides: dict[str, Any] = {
-                "brokerName": "broker-a", "brokerId": m.index, "listenPort": m.http_port,
+                "brokerName": self.broker_name, "brokerId": m.index, "listenPort": m.http_port,
                 "namesrvAddr": f"127.0.0.1:{self.namesrv_port}", "storePathRootDir": m.store_root,
-                "enableDLegerCommitLog": "true", "dLegerGroup": "broker-a", "dLegerPeers": peers,
+                "enableDLegerCommitLog": "true", "dLegerGroup": self.broker_name, "dLegerPeers": peers,
                 "dLegerSelfId": m.name, "flushDiskType": self.flush_disk_type,
                 "mappedFileSizeCommitLog": 4 * 1024 * 1024, "slaveReadEnable": "true",
                 "autoCreateTopicEnable": "true", "defaultTopicQueueNums": 4,
@@ -211,13 +217,16 @@ class FaultCluster:
         self.proxy = self._spawn(
             ["-m", "tests.fault.netproxy", f"--control-port={self.control_port}", *links],
             self.workdir / "netproxy.log")
-        self.namesrv = self._spawn(["-m", "namesrv", "-c", str(self.workdir / "namesrv.conf")],
-                                   self.workdir / "namesrv.log")
+        if self.own_namesrv:
+            self.namesrv = self._spawn(["-m", "namesrv", "-c", str(self.workdir / "namesrv.conf")],
+                                       self.workdir / "namesrv.log")
         await self._wait_port(self.control_port, self.proxy, "netproxy")
         for m in self.members:
-            self.start_member(m)
+            if m.name not in self.hosted:
+                self.start_member(m)
         for m in self.members:
-            await self.wait_member_up(m)
+            if m.name not in self.hosted:
+                await self.wait_member_up(m)
         self._monitor = asyncio.create_task(self._monitor_loop())
         await self.wait_leader(leader_timeout_s)
 
@@ -233,8 +242,17 @@ class FaultCluster:
             await asyncio.sleep(0.05)
         raise RuntimeError(f"{what} not listening on {port} after {timeout_s}s")
 
+    def attach(self, name: str, proc: subprocess.Popen) -> None:
+        """Adopt a process the test started (a broker container) as the process of a hosted member."""
+        m = self.member(name)
+        m.proc, m.paused = proc, False
+        m.incarnation += 1
+        self.history.nemesis("start", m.name, incarnation=m.incarnation, hosted=True)
+
     def start_member(self, m: Member) -> None:
         """Spawn a member (through the test-only launcher when instrumentation is on)."""
+        if m.name in self.hosted:
+            raise RuntimeError(f"{m.name} runs in a broker container: restart the container")
         if m.alive():
             raise RuntimeError(f"{m.name} is already running (pid {m.proc.pid})")
         if self.record_fsync:

@@ -68,7 +68,7 @@ async def heal_everything(cluster: FaultCluster) -> None:
 
 def recovery_after_heal(events: list[Event]) -> float | None:
     """Seconds from the last `heal` nemesis event to the first ok send invoked after it."""
-    heals = [e for e in events if e.process == "nemesis" and e.f == "heal"]
+    heals = [e for e in events if e.process == "nemesis" and e.f == "heal" and e.type == OK]
     if not heals:
         return None
     t0 = heals[-1].time_ns
