@@ -14,6 +14,7 @@ from broker.http.acl import Right
 from broker.http.context import HttpContext
 from broker.http.schemas import (
     PROBLEM_RESPONSES,
+    TOPIC_PATTERN,
     GroupOffsetsOut,
     LeadershipTransferIn,
     OffsetsIn,
@@ -133,7 +134,9 @@ def build_router(ctx: HttpContext) -> APIRouter:
         summary="Committed offsets per topic/queue with lag",
     )
     async def get_offsets(
-        group: GroupPath, request: Request, topic: Annotated[str | None, Query(max_length=127)] = None
+        group: GroupPath,
+        request: Request,
+        topic: Annotated[str | None, Query(max_length=127, pattern=TOPIC_PATTERN)] = None,
     ) -> dict[str, Any]:
         if topic is not None:
             validate_topic(topic, allow_system=True)

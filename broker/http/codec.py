@@ -28,6 +28,9 @@ from broker.message import (
 )
 
 MAX_BATCH_MESSAGES = 10_000
+_MESSAGE_FIELDS = frozenset(
+    {"body", "bodyEncoding", "tags", "keys", "properties", "queueId", "idempotencyKey"}
+)
 MAX_TAGS_LENGTH = 255
 MAX_KEY_LENGTH = 255
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
@@ -80,8 +83,6 @@ def _opt_str(doc: dict[str, Any], key: str, where: str, max_len: int) -> str | N
 def _keys(value: Any, where: str) -> list[str]:
     if value is None:
         return []
-    if isinstance(value, str):  # a single key is accepted as a string
-        value = [value]
     if not isinstance(value, list):
         raise invalid(where, "expected a list of strings")
     for i, k in enumerate(value):
@@ -109,6 +110,7 @@ def _properties(value: Any, where: str) -> dict[str, str]:
             raise invalid(f"{where}.{k}", f"expected a string value, got {type(v).__name__}")
         if (
             not k
+            or len(k) > MAX_KEY_LENGTH
             or k in RESERVED_PROPERTIES
             or any(c in k for c in "\x01\x02")
             or any(c in v for c in "\x01\x02")
@@ -120,6 +122,8 @@ def _properties(value: Any, where: str) -> dict[str, str]:
 def _queue_id(value: Any, where: str) -> int | None:
     if value is None:
         return None
+    if isinstance(value, float) and value.is_integer():  # JSON-schema integer: 3.0 is 3
+        value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 65536:
         raise invalid(where, f"expected an integer in 0..65535, got {value!r}")
     return value
@@ -137,6 +141,10 @@ def parse_produce_json(
         doc = {"messages": [doc]}
     if not isinstance(doc, dict) or not isinstance(doc.get("messages"), list):
         raise invalid("messages", 'expected {"messages": [{"body": ...}, ...]}')
+    if len(doc) > 1:
+        raise invalid(
+            sorted(k for k in doc if k != "messages")[0], 'unknown field; the body is {"messages": [...]}'
+        )
     items = doc["messages"]
     if not items:
         raise invalid("messages", "at least one message is required")
@@ -149,10 +157,14 @@ def parse_produce_json(
         where = f"messages[{i}]"
         if not isinstance(item, dict):
             raise invalid(where, "expected an object")
+        unknown = item.keys() - _MESSAGE_FIELDS
+        if unknown:  # a typo like "bodyEncodng" must not be silently ignored
+            name = sorted(unknown)[0]
+            raise invalid(f"{where}.{name}", f"unknown field; known: {', '.join(sorted(_MESSAGE_FIELDS))}")
         body = item.get("body")
         if not isinstance(body, str):
             raise invalid(f"{where}.body", "required string (text, or base64 with bodyEncoding=base64)")
-        encoding = item.get("bodyEncoding") or "utf-8"
+        encoding = item.get("bodyEncoding", "utf-8")
         if encoding == "utf-8":
             data = body.encode("utf-8")
         elif encoding == "base64":
@@ -169,6 +181,9 @@ def parse_produce_json(
                 field=f"{where}.body",
                 limit=max_message_size,
             )
+        for nullable in ("keys", "properties", "body", "bodyEncoding"):
+            if nullable in item and item[nullable] is None:
+                raise invalid(f"{where}.{nullable}", "must not be null (leave it out instead)")
         msgs.append(
             Message(
                 topic=topic,

@@ -84,6 +84,8 @@ class HotHandlers:
             ctx.require_master()
             ctype = (headers.get("content-type") or JSON).split(";", 1)[0].strip().lower()
             if ctype == JSON or ctype.endswith("+json"):
+                if query:  # raw-form parameters: validated even when unused, never silently odd
+                    parse_produce_raw(b"", query, topic, ctx.config.max_message_size, ctx.born_host)
                 msgs, qids = parse_produce_json(body, topic, ctx.config.max_message_size, ctx.born_host)
             elif ctype == "application/octet-stream":
                 msg, qid = parse_produce_raw(body, query, topic, ctx.config.max_message_size, ctx.born_host)
@@ -146,8 +148,8 @@ class HotHandlers:
         ctx = self.ctx
         ctx.authorize(headers, topic=topic, right=Right.SUB)
         validate_topic(topic)
-        if not (queue_raw.isascii() and queue_raw.isdigit()) or len(queue_raw) > 9:
-            raise invalid("queueId", f"expected a non-negative integer, got {queue_raw[:40]!r}")
+        if not (queue_raw.isascii() and queue_raw.isdigit()) or len(queue_raw) > 5 or int(queue_raw) > 65535:
+            raise invalid("queueId", f"expected an integer in 0..65535, got {queue_raw[:40]!r}")
         queue_id = int(queue_raw)
         offset = int_param(query, "offset", 0, 0, 2**62)
         max_messages = int_param(query, "maxMessages", 32, 1, MAX_PULL_MESSAGES)

@@ -46,15 +46,28 @@ def build_router(ctx: HttpContext, hot: HotHandlers) -> APIRouter:
         openapi_extra={
             "parameters": [
                 _topic_param(),
-                {"name": "tags", "in": "query", "schema": {"type": "string"}, "description": "raw form only"},
+                {
+                    "name": "tags",
+                    "in": "query",
+                    "schema": {"type": "string", "maxLength": 255, "pattern": "^[^\\x01\\x02]*$"},
+                    "description": "raw form only",
+                },
                 {
                     "name": "keys",
                     "in": "query",
-                    "schema": {"type": "string"},
+                    "schema": {"type": "string", "pattern": "^[^ \\x01\\x02]*$"},
                     "description": "raw form only: comma-separated",
                 },
-                {"name": "queueId", "in": "query", "schema": {"type": "integer", "minimum": 0}},
-                {"name": "idempotencyKey", "in": "query", "schema": {"type": "string"}},
+                {
+                    "name": "queueId",
+                    "in": "query",
+                    "schema": {"type": "integer", "minimum": 0, "maximum": 65535},
+                },
+                {
+                    "name": "idempotencyKey",
+                    "in": "query",
+                    "schema": {"type": "string", "maxLength": 255, "pattern": "^[^\\x01\\x02]*$"},
+                },
             ],
             "requestBody": {
                 "required": True,
@@ -82,15 +95,23 @@ def build_router(ctx: HttpContext, hot: HotHandlers) -> APIRouter:
                     "name": "queueId",
                     "in": "path",
                     "required": True,
-                    "schema": {"type": "integer", "minimum": 0},
+                    "schema": {"type": "integer", "minimum": 0, "maximum": 65535},
                 },
-                {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0, "default": 0}},
+                {
+                    "name": "offset",
+                    "in": "query",
+                    "schema": {"type": "integer", "minimum": 0, "maximum": 2**62, "default": 0},
+                },
                 {
                     "name": "maxMessages",
                     "in": "query",
                     "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PULL_MESSAGES, "default": 32},
                 },
-                {"name": "waitMs", "in": "query", "schema": {"type": "integer", "minimum": 0, "default": 0}},
+                {
+                    "name": "waitMs",
+                    "in": "query",
+                    "schema": {"type": "integer", "minimum": 0, "maximum": 2**31, "default": 0},
+                },
                 {
                     "name": "bodyEncoding",
                     "in": "query",
@@ -110,7 +131,14 @@ def build_router(ctx: HttpContext, hot: HotHandlers) -> APIRouter:
         tags=["messages"],
         responses={200: {"model": MessageOut}, **PROBLEM_RESPONSES},
         openapi_extra={
-            "parameters": [{"name": "msgId", "in": "path", "required": True, "schema": {"type": "string"}}]
+            "parameters": [
+                {
+                    "name": "msgId",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "string", "pattern": "^[0-9A-Fa-f]{32}$"},
+                }
+            ]
         },
     )
     async def message_by_id(request: Request) -> Response:

@@ -95,6 +95,17 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         code = _HTTP_CODES.get(exc.status_code, "INVALID_REQUEST")
+        if exc.status_code == 405:
+            # Starlette names only the first route's methods; list every method of the path.
+            methods = sorted(
+                {
+                    m
+                    for r in app.routes
+                    if getattr(r, "methods", None) and r.path_regex.match(request.url.path)
+                    for m in r.methods
+                }
+            )
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(methods)}
         detail = f"no such resource: {request.url.path}" if exc.status_code == 404 else str(exc.detail)
         body = {
             "type": "about:blank",

@@ -5,23 +5,64 @@ Admin routes validate with these directly; the hot routes (produce, pull) decode
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+
+# The API's string rules, stated as JSON-schema patterns so the OpenAPI document is exactly as
+# strict as the server (fuzzers check both directions).
+TOPIC_PATTERN = r"^[%|a-zA-Z0-9_-]{1,127}$"
+RECEIPT_HANDLE_PATTERN = r"^[0-9a-f]{8}\.[0-9]{1,5}\.[0-9]{1,19}\.[0-9]{1,19}$"
+TopicName = Annotated[str, StringConstraints(min_length=1, max_length=127, pattern=TOPIC_PATTERN)]
+NoSep = Annotated[str, StringConstraints(pattern=r"^[^\x01\x02]*$")]
+# The server also refuses the system names TAGS, KEYS, UNIQ_KEY and IDEMPOTENCY_KEY (pydantic's
+# regex dialect has no look-ahead to say so here).
+PropertyName = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\x01\x02]+$")]
+MessageKey = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^ \x01\x02]+$")]
+QueueIdKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,5}$")]
+ReceiptHandle = Annotated[str, StringConstraints(max_length=128, pattern=RECEIPT_HANDLE_PATTERN)]
+
+
+def _json_int(value: Any) -> Any:
+    """JSON-schema integers: 5 and 5.0 are integers; true and "5" are not."""
+    if isinstance(value, bool | str):
+        raise ValueError("expected an integer")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def IntIn(lo: int, hi: int) -> Any:
+    """An integer field in [lo, hi] that takes 3 and 3.0 but not true or "3"."""
+    # Constraints first, so they land in the schema as minimum/maximum on the integer itself.
+    return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(_json_int)]
+
+
+_CLOSED = {"additionalProperties": False}  # pattern-keyed objects admit no other keys
 
 
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
 class ProduceMessage(_In):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "if": {"properties": {"bodyEncoding": {"const": "base64"}}, "required": ["bodyEncoding"]},
+            "then": {"properties": {"body": {"pattern": BASE64_PATTERN}}},
+        },
+    )
     body: str = Field(description="Text, or base64 when bodyEncoding is base64")
     bodyEncoding: Literal["utf-8", "base64"] = "utf-8"
-    tags: str | None = Field(default=None, max_length=255)
-    keys: list[str] = Field(default_factory=list)
-    properties: dict[str, str] = Field(default_factory=dict)
-    queueId: int | None = Field(default=None, ge=0, le=65535)
-    idempotencyKey: str | None = Field(
+    tags: NoSep | None = Field(default=None, max_length=255)
+    keys: list[MessageKey] = Field(default_factory=list)
+    properties: dict[PropertyName, NoSep] = Field(default_factory=dict, json_schema_extra=_CLOSED)
+    queueId: IntIn(0, 65535) | None = None
+    idempotencyKey: NoSep | None = Field(
         default=None,
         max_length=255,
         description="A repeat within idempotencyWindowMs returns the first result",
@@ -82,9 +123,9 @@ class Problem(BaseModel):
 
 
 class TopicIn(_In):
-    readQueueNums: int | None = Field(default=None, ge=1, le=1024)
-    writeQueueNums: int | None = Field(default=None, ge=1, le=1024)
-    perm: int = Field(default=6, ge=0, le=15)
+    readQueueNums: IntIn(1, 1024) | None = None
+    writeQueueNums: IntIn(1, 1024) | None = None
+    perm: IntIn(0, 15) = 6
 
 
 class QueueOut(BaseModel):
@@ -119,15 +160,17 @@ class GroupOffsetsOut(BaseModel):
 
 
 class OffsetsIn(_In):
-    topic: str = Field(min_length=1, max_length=127)
-    offsets: dict[str, int] = Field(description="queueId -> offset")
+    topic: TopicName
+    offsets: dict[QueueIdKey, IntIn(0, 2**62)] = Field(
+        description="queueId -> offset", json_schema_extra=_CLOSED
+    )
 
 
 class ReceiveIn(_In):
-    topic: str = Field(min_length=1, max_length=127)
-    maxMessages: int = Field(default=16, ge=1, le=1024)
-    invisibleMs: int = Field(default=30_000, ge=100, le=12 * 3600 * 1000)
-    waitMs: int = Field(default=0, ge=0, le=3_600_000)
+    topic: TopicName
+    maxMessages: IntIn(1, 1024) = 16
+    invisibleMs: IntIn(100, 12 * 3600 * 1000) = 30_000
+    waitMs: IntIn(0, 3_600_000) = 0
 
 
 class ReceiveOut(BaseModel):
@@ -135,8 +178,8 @@ class ReceiveOut(BaseModel):
 
 
 class AckIn(_In):
-    topic: str = Field(min_length=1, max_length=127)
-    receiptHandles: list[str] = Field(min_length=1, max_length=4096)
+    topic: TopicName
+    receiptHandles: list[ReceiptHandle] = Field(min_length=1, max_length=4096)
 
 
 class SettleResult(BaseModel):
@@ -149,9 +192,9 @@ class SettleOut(BaseModel):
 
 
 class InvisibleIn(_In):
-    topic: str = Field(min_length=1, max_length=127)
-    receiptHandle: str = Field(min_length=1, max_length=512)
-    invisibleMs: int = Field(ge=0, le=12 * 3600 * 1000)
+    topic: TopicName
+    receiptHandle: ReceiptHandle
+    invisibleMs: IntIn(0, 12 * 3600 * 1000)
 
 
 class InvisibleOut(BaseModel):

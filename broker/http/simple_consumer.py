@@ -254,8 +254,8 @@ class PopService:
     def _find(self, st: GroupTopicState, handle: str, field_name: str) -> tuple[QueueState, int, str]:
         epoch, qid, off, delivery = self._parse_handle(handle, field_name)
         qs = st.queues.get(qid)
-        if qs is None:
-            raise invalid(field_name, f"receipt handle names queue {qid}, which this topic does not have")
+        if qs is None:  # well-formed, but no such queue (now): nothing in flight to settle
+            return QueueState(0, 0), off, "EXPIRED"
         fl = qs.inflight.get(off)
         if epoch == self.epoch and fl is not None and fl.delivery_id == delivery:
             return qs, off, "OK"
@@ -292,8 +292,11 @@ class PopService:
         st = self._state(group, topic)
         qs, off, state = self._find(st, handle, "receiptHandle")
         if state != "OK":
-            raise invalid(
-                "receiptHandle", "receipt handle expired (redelivered, settled, or from another master)"
+            raise BrokerError(
+                BrokerCode.MESSAGE_NOT_FOUND,
+                "no message in flight for this receipt handle "
+                "(redelivered, settled, or issued by another master)",
+                field="receiptHandle",
             )
         fl = qs.inflight[off]
         fl.invisible_until_ms = _now_ms() + invisible_ms

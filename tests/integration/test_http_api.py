@@ -184,7 +184,7 @@ def test_nack_and_change_invisible(cluster):
         f"{url}/consumers/g2/invisible",
         json={"topic": "nk", "receiptHandle": m["receiptHandle"], "invisibleMs": 1000},
     )
-    assert bad.status_code == 400 and bad.json()["field"] == "receiptHandle"
+    assert bad.status_code == 404 and bad.json()["field"] == "receiptHandle"
     assert (
         httpx.post(f"{url}/consumers/g2/nack", json={"topic": "nk", "receiptHandles": [handle]}).status_code
         == 200
@@ -192,7 +192,7 @@ def test_nack_and_change_invisible(cluster):
     again = httpx.post(f"{url}/consumers/g2/receive", json={"topic": "nk"}).json()["messages"]
     assert [x["body"] for x in again] == ["x"] and again[0]["reconsumeTimes"] == 1
     garbage = httpx.post(f"{url}/consumers/g2/ack", json={"topic": "nk", "receiptHandles": ["zzz"]})
-    assert garbage.status_code == 400 and garbage.json()["field"] == "receiptHandles[0]"
+    assert garbage.status_code == 400 and garbage.json()["field"].startswith("receiptHandles")
 
 
 def test_topic_admin_and_offsets(cluster):
