@@ -178,3 +178,35 @@ def topic_name(request) -> str:
     """A topic name unique to the test."""
     name = request.node.name.replace("[", "_").replace("]", "")[:40]
     return f"spark_{name}_{int(time.time() * 1000) % 100000}"
+
+
+@pytest.fixture
+def retention_cluster(cluster, tmp_path):
+    """An extra broker ``broker-r`` (same name server): 64 KB commit-log files, retention due every hour."""
+    procs = ProcessGroup(tmp_path)
+    try:
+        port = free_port()
+        conf = _broker_conf(
+            tmp_path,
+            "broker-r",
+            cluster.namesrv,
+            {
+                "brokerName": "broker-r",
+                "brokerId": "0",
+                "listenPort": str(port),
+                "storePathRootDir": str(tmp_path / "store-r"),
+                "enableDLegerCommitLog": "false",
+                "dLegerGroup": None,
+                "dLegerPeers": None,
+                "dLegerSelfId": None,
+                "mappedFileSizeCommitLog": str(64 * 1024),
+                "deleteWhen": ";".join(f"{h:02d}" for h in range(24)),
+                "fileReservedTime": "1",
+            },
+        )
+        proc = procs.start("broker-r", "broker", "-c", str(conf))
+        wait_http(f"http://127.0.0.1:{port}/health", timeout_s=30, proc=proc)
+        _wait_registered(cluster.namesrv, "broker-r", 1)
+        yield Cluster(namesrv=cluster.namesrv, brokers=[f"127.0.0.1:{port}"], procs=procs, tmp=tmp_path)
+    finally:
+        procs.stop_all()
