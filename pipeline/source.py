@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+import httpx
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -168,10 +170,20 @@ class _Planner:
         rx = re.compile(self.opts.topic_pattern)
         return [t for t in self.resolver.list_topics() if rx.fullmatch(t)]
 
-    def states(self) -> list[QueueState]:
-        states, addrs = self.resolver.queue_states(self.topics())
-        self.addrs.update(addrs)
-        return states
+    def states(self, attempts: int = 4) -> list[QueueState]:
+        """Queue ranges of the subscribed topics; retried a few times so a blip (a name server
+        restarting, a broker mid-failover) does not fail the query."""
+        for attempt in range(attempts):
+            try:
+                states, addrs = self.resolver.queue_states(self.topics())
+                self.addrs.update(addrs)
+                return states
+            except (LedgerMQError, httpx.TransportError) as exc:
+                if attempt == attempts - 1:
+                    raise
+                log.warning("event=queue_states_retry attempt=%d error=%s", attempt + 1, exc)
+                time.sleep(0.5 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def starting(self, states: list[QueueState]) -> Offsets:
         if self.opts.starting_timestamp is not None:
