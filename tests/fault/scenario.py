@@ -96,7 +96,8 @@ async def run_scenario(name: str, row: int | str, tmp_path: Path, nemesis: Nemes
                        cluster_kwargs: dict[str, Any] | None = None,
                        workload: WorkloadConfig | None = None,
                        extra_histories: Callable[[], list[Path]] | None = None,
-                       after_heal: Nemesis | None = None) -> dict[str, Any]:
+                       after_heal: Nemesis | None = None,
+                       after_stop: Nemesis | None = None) -> dict[str, Any]:
     """Run one scenario end to end and return its report (also written to RESULTS/<name>.json)."""
     seed = int(os.environ.get("LEDGERMQ_FAULT_SEED", "0")) or seed or random.randrange(1, 2**31)
     rng = random.Random(seed)
@@ -119,6 +120,8 @@ async def run_scenario(name: str, row: int | str, tmp_path: Path, nemesis: Nemes
         await asyncio.sleep(2.0)  # writes resume after the heal (liveness is measured from it)
         await wl.stop()
         view = await cluster.wait_converged(timeout_s=40)
+        if after_stop is not None:  # writes are over, the cluster is still up
+            await after_stop(ctx)
         report["read_back_per_member"] = await final_reads(cluster, history, wl_cfg)
         events = list(history.events)
         for path in (extra_histories() if extra_histories else []):
