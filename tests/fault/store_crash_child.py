@@ -58,7 +58,8 @@ async def main(base: str, seed: int) -> None:
         else:
             for e in entries:
                 store.append_as_leader(e, term)
-        store.update_committed_index(term, store.ledger_end_index - rng.randint(0, 20))
+        store.update_committed_index(term, max(store.committed_index,
+                                               store.ledger_end_index - rng.randint(0, 20)))
         await asyncio.sleep(0 if rng.random() < 0.6 else 0.002)
 
 

@@ -34,15 +34,17 @@ def children():
             p.wait()
 
 
-def start_child(children: list, base: str, seed: int) -> subprocess.Popen:
+def start_child(children: list, base: str, seed: int, log_path: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, CHILD, base, str(seed)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    with open(log_path, "ab") as log:  # a file, not a pipe nobody drains
+        proc = subprocess.Popen([sys.executable, CHILD, base, str(seed)], stdout=subprocess.PIPE,
+                                stderr=log, env=env, cwd=ROOT)
     children.append(proc)
     line = proc.stdout.readline()
     if not line.startswith(b"ready"):
         proc.wait(timeout=10)
-        pytest.fail(f"child did not start: {line!r} {proc.stderr.read().decode()[-2000:]}")
+        with open(log_path, "rb") as f:
+            pytest.fail(f"child did not start: {line!r} {f.read().decode()[-2000:]}")
     return proc
 
 
@@ -61,14 +63,14 @@ def check_entry(store: DLedgerMmapFileStore, index: int) -> int:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_sigkill_at_random_moments_never_loses_checkpointed_committed_entries(tmp_path, children) -> None:
-    base = str(tmp_path)
+    base = str(tmp_path / "store")
     seed = int(os.environ.get("STORE_CRASH_SEED", "20261122"))  # set it to replay or vary a run
     rng = random.Random(seed)
     crc_of: dict[int, int] = {}  # entries that were at or below a checkpointed committed index
     verified_to = -1
     ends = []
     for run in range(KILLS):
-        proc = start_child(children, base, rng.randrange(1 << 30))
+        proc = start_child(children, base, rng.randrange(1 << 30), str(tmp_path / "child.log"))
         time.sleep(rng.uniform(0.01, 0.12))
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
