@@ -73,9 +73,11 @@ class BrokerRuntime:
         undoing the steps that succeeded)."""
         cfg = self.config
         self.controller = build_controller(cfg)
+        # The app first: it registers system-record handlers (pop state) that the store's replay
+        # at start must already see.
+        self.app = create_app(self.controller)
         await self.controller.start()
         try:
-            self.app = create_app(self.controller)
             ctx = self.app.state.ctx
             kw = {} if self._register_interval_s is None else {"interval_s": self._register_interval_s}
             self.registrar = BrokerRegistrar(ctx, cfg.namesrv_addr_list, **kw)

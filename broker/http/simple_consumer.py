@@ -35,6 +35,7 @@ from broker.errors import BrokerCode, BrokerError
 from broker.http.acl import Right
 from broker.http.codec import message_json
 from broker.http.context import HttpContext
+from broker.http.pop_state import SYS_POP_STATE, PopStateReplica
 from broker.http.problems import invalid
 from broker.http.schemas import (
     PROBLEM_RESPONSES,
@@ -66,6 +67,10 @@ class QueueState:
     read_ptr: int
     committed: int
     inflight: dict[int, Inflight] = field(default_factory=dict)
+    # From the replicated pop state: offsets above the mark already settled (skipped when read),
+    # and redelivery counts recorded by an earlier master.
+    acked: set[int] = field(default_factory=set)
+    reconsume_base: dict[int, int] = field(default_factory=dict)
 
     def low_water_mark(self) -> int:
         return min(self.inflight) if self.inflight else self.read_ptr
@@ -86,8 +91,9 @@ class PopService:
     """Receipt state of all groups on this master. Callers: the /consumers/{group}/receive|ack|
     nack|invisible routes. Affects: committed offsets (replicated) and the DLQ topics."""
 
-    def __init__(self, ctx: HttpContext) -> None:
+    def __init__(self, ctx: HttpContext, replica: PopStateReplica) -> None:
         self.ctx = ctx
+        self.replica = replica
         self.epoch = secrets.token_hex(4)
         self._next_delivery = 1
         self._states: dict[tuple[str, str], GroupTopicState] = {}
@@ -114,7 +120,12 @@ class PopService:
             if q not in st.queues:
                 committed = ctx.store.offsets.query(group, topic, q)
                 start = max(committed, ctx.store.min_offset(topic, q))
-                st.queues[q] = QueueState(read_ptr=start, committed=committed)
+                st.queues[q] = QueueState(
+                    read_ptr=start,
+                    committed=committed,
+                    acked={o for o in self.replica.acked(group, topic, q) if o >= start},
+                    reconsume_base=self.replica.reconsume_counts(group, topic, q),
+                )
         return st
 
     def _handle(self, queue_id: int, offset: int, delivery_id: int) -> str:
@@ -148,6 +159,8 @@ class PopService:
         qids = sorted(st.queues)
         if not qids:
             return out
+        recounts: dict[int, dict[int, int]] = {}
+        dead: dict[int, list[int]] = {}
         st.turn = (st.turn + 1) % len(qids)  # spread consumers of a group over the queues
         for qid in qids[st.turn :] + qids[: st.turn]:
             qs = st.queues[qid]
@@ -159,24 +172,46 @@ class PopService:
                 msgs = store.get_messages(topic, qid, off, 1).messages
                 if not msgs or msgs[0].queue_offset != off:
                     del qs.inflight[off]  # expired from disk: nothing to redeliver
+                    dead.setdefault(qid, []).append(off)
                     continue
                 if fl.reconsume_times + 1 > self.ctx.config.max_reconsume_times:
                     del qs.inflight[off]
                     await self._to_dlq(group, topic, msgs[0], fl.reconsume_times + 1)
+                    dead.setdefault(qid, []).append(off)
                     continue
                 fl.reconsume_times += 1
+                recounts.setdefault(qid, {})[off] = fl.reconsume_times
                 out.append(self._deliver(qid, off, fl, msgs[0], now + invisible_ms))
-            # 2. new messages
-            if len(out) < max_messages and qs.read_ptr < store.max_offset(topic, qid):
+            # 2. new messages (skipping those an earlier master saw acknowledged)
+            while len(out) < max_messages and qs.read_ptr < store.max_offset(topic, qid):
                 res = store.get_messages(topic, qid, qs.read_ptr, max_messages - len(out))
                 for msg in res.messages:
-                    fl = Inflight(0, 0, 0)
-                    qs.inflight[msg.queue_offset] = fl
-                    out.append(self._deliver(qid, msg.queue_offset, fl, msg, now + invisible_ms))
-                qs.read_ptr = max(qs.read_ptr, res.next_offset)
+                    off = msg.queue_offset
+                    if off in qs.acked:
+                        qs.acked.discard(off)
+                        continue
+                    base = qs.reconsume_base.pop(off, 0)
+                    fl = Inflight(0, base + 1 if base else 0, 0)
+                    if base:
+                        recounts.setdefault(qid, {})[off] = fl.reconsume_times
+                    qs.inflight[off] = fl
+                    out.append(self._deliver(qid, off, fl, msg, now + invisible_ms))
+                if res.next_offset <= qs.read_ptr:
+                    break
+                qs.read_ptr = res.next_offset
             if len(out) >= max_messages:
                 break
-        await self._commit_marks(group, topic, st)
+        if recounts:
+            await self.ctx.store.append_system_record(
+                SYS_POP_STATE,
+                {
+                    "op": "reconsume",
+                    "group": group,
+                    "topic": topic,
+                    "counts": {str(q): {str(o): n for o, n in c.items()} for q, c in recounts.items()},
+                },
+            )
+        await self._settle(group, topic, st, dead)
         if out:
             self.ctx.metrics.get_messages.labels(topic=topic).inc(len(out))
         return out
@@ -239,12 +274,27 @@ class PopService:
             times,
         )
 
-    async def _commit_marks(self, group: str, topic: str, st: GroupTopicState) -> None:
-        moved = {}
+    async def _settle(
+        self, group: str, topic: str, st: GroupTopicState, settled: dict[int, list[int]]
+    ) -> None:
+        """Replicate what was just settled: offsets above the new low-water mark as a pop-state
+        record, then the mark itself as the group's committed offset."""
+        moved: dict[int, int] = {}
+        above: dict[str, list[int]] = {}
+        marks: dict[str, int] = {}
         for qid, qs in st.queues.items():
             mark = qs.low_water_mark()
+            qs.acked = {o for o in qs.acked if o >= mark}
+            high = [o for o in settled.get(qid, ()) if o >= mark]
+            if high:
+                above[str(qid)] = high
+                marks[str(qid)] = mark
             if mark > qs.committed:
                 moved[qid] = mark
+        if above:
+            await self.ctx.store.append_system_record(
+                SYS_POP_STATE, {"op": "ack", "group": group, "topic": topic, "acks": above, "marks": marks}
+            )
         if moved:
             await self.ctx.store.offsets.commit_many(group, topic, moved)
             for qid, mark in moved.items():
@@ -266,12 +316,14 @@ class PopService:
     async def ack(self, group: str, topic: str, handles: list[str]) -> list[dict[str, Any]]:
         st = self._state(group, topic)
         results = []
+        settled: dict[int, list[int]] = {}
         for i, h in enumerate(handles):
             qs, off, state = self._find(st, h, f"receiptHandles[{i}]")
             if state == "OK":
                 del qs.inflight[off]
+                settled.setdefault(self._parse_handle(h, "receiptHandles")[1], []).append(off)
             results.append({"receiptHandle": h, "status": "EXPIRED" if state == "EXPIRED" else "OK"})
-        await self._commit_marks(group, topic, st)
+        await self._settle(group, topic, st, settled)
         acked = sum(1 for r in results if r["status"] == "OK")
         if acked:
             self.ctx.metrics.acked.labels(group=group).inc(acked)
@@ -307,7 +359,11 @@ class PopService:
 
 def build_router(ctx: HttpContext) -> APIRouter:
     router = APIRouter()
-    pop = PopService(ctx)
+    replica = PopStateReplica()
+    # Registered before the store starts (BrokerRuntime builds the app first), so replay at
+    # start rebuilds it; on every member, in log order.
+    ctx.store.register_system_handler(SYS_POP_STATE, replica.apply_record)
+    pop = PopService(ctx, replica)
     ctx.pop = pop  # type: ignore[attr-defined]  # exposed for metrics/tests
 
     def check(group: str, topic: str, request: Request) -> None:

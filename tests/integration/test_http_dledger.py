@@ -157,3 +157,54 @@ def test_producer_survives_master_failover_without_losing_acked_messages(dset):
             assert {(m["queueId"], m["queueOffset"], m["body"]) for m in read_all(addrs[sid], "fo", 2)} == {
                 (m["queueId"], m["queueOffset"], m["body"]) for m in stored
             }
+
+
+def test_receipt_state_survives_master_failover(dset):
+    """Acks above the committed offset and reconsume counts are replicated: the new master
+    delivers only what was still in flight, with the reconsume count carried on."""
+    addrs, group = dset["addrs"], dset["group"]
+    old = wait_master(addrs)
+    url = f"http://{addrs[old]}"
+    assert httpx.put(f"{url}/topics/pop", json={"readQueueNums": 1, "writeQueueNums": 1}).status_code == 200
+    r = httpx.post(f"{url}/topics/pop/messages", json={"messages": [{"body": f"m{i}"} for i in range(5)]})
+    assert r.status_code == 200, r.text
+    got = httpx.post(
+        f"{url}/consumers/cg/receive", json={"topic": "pop", "maxMessages": 10, "invisibleMs": 60000}
+    ).json()["messages"]
+    handle = {m["body"]: m["receiptHandle"] for m in got}
+    assert sorted(handle) == [f"m{i}" for i in range(5)]
+
+    def settle(action: str, *bodies: str) -> None:
+        r = httpx.post(
+            f"{url}/consumers/cg/{action}",
+            json={"topic": "pop", "receiptHandles": [handle[b] for b in bodies]},
+        )
+        assert r.status_code == 200 and all(x["status"] == "OK" for x in r.json()["results"]), r.text
+
+    settle("ack", "m2", "m3")  # above the mark: replicated as pop state
+    settle("ack", "m0")  # moves the committed offset to 1
+    settle("nack", "m4")
+    again = httpx.post(f"{url}/consumers/cg/receive", json={"topic": "pop", "invisibleMs": 60000}).json()[
+        "messages"
+    ]
+    assert [(m["body"], m["reconsumeTimes"]) for m in again] == [("m4", 1)]
+    offs = httpx.get(f"{url}/consumers/cg/offsets", params={"topic": "pop"}).json()["offsets"]
+    assert offs[0]["offset"] == 1
+
+    group.kill(old, signal.SIGKILL)
+    new = wait_master(addrs, exclude={old}, timeout_s=15)
+    nurl = f"http://{addrs[new]}"
+    after = httpx.post(
+        f"{nurl}/consumers/cg/receive",
+        json={"topic": "pop", "maxMessages": 10, "invisibleMs": 60000, "waitMs": 500},
+        timeout=10,
+    ).json()["messages"]
+    assert sorted((m["body"], m["reconsumeTimes"]) for m in after) == [("m1", 0), ("m4", 2)]
+    r = httpx.post(
+        f"{nurl}/consumers/cg/ack",
+        json={"topic": "pop", "receiptHandles": [m["receiptHandle"] for m in after]},
+    )
+    assert all(x["status"] == "OK" for x in r.json()["results"])
+    offs = httpx.get(f"{nurl}/consumers/cg/offsets", params={"topic": "pop"}).json()["offsets"]
+    assert (offs[0]["offset"], offs[0]["lag"]) == (5, 0)
+    assert httpx.post(f"{nurl}/consumers/cg/receive", json={"topic": "pop"}).json()["messages"] == []
