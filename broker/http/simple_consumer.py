@@ -8,11 +8,13 @@ State per (group, topic, queue), kept by the master (`PopService`):
   the DLQ). It is written through `ConsumerOffsetManager.commit` (a record in the replicated log)
   whenever the low-water mark moves, so it survives failover.
 
-What is replicated and what is not: the committed low-water mark is; in-flight receipts and acks
-above it live in the master's memory. After a failover (or term change) the new master resumes
-from the committed offset, so messages that were in flight or acked above the mark are delivered
-again (at least once, never lost) and their reconsume counts restart. Receipt handles carry the
-service epoch and a delivery id, so a handle from an old master or an earlier delivery is refused.
+What is replicated and what is not: the committed low-water mark (ConsumerOffsetManager) and,
+in `RMQ_SYS_POP_STATE` records (`pop_state.py`), acks above the mark and redelivery counts — each
+written through the log before the ack/receive is answered. Which messages are in flight, and
+until when, lives in the master's memory: after a failover (or term change) the new master
+delivers those again at once (at least once, never lost), never an acked one. Receipt handles
+carry the service epoch and a delivery id, so a handle from an old master or an earlier delivery
+is refused.
 
 A message whose reconsume count would exceed `maxReconsumeTimes` goes to `%DLQ%{group}` (created on
 demand, one queue) and counts as acked. A new group starts at each queue's min offset.
