@@ -31,6 +31,7 @@ from dledger.entry import (
     INDEX_UNIT_SIZE,
     MAX_BODY_SIZE,
     MIN_BLANK_LEN,
+    VALID_MAGICS,
     DLedgerEntry,
     body_crc32,
 )
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 
 _E = DLedgerResponseCode
 _CRC_FIX = 0x80000000  # crc - ((crc & _CRC_FIX) << 1) turns zlib's unsigned CRC into a Java int
+
+
+_BUFFER_TYPES = (bytes, bytearray, memoryview)
 
 
 def _signed(crc: int) -> int:
@@ -163,11 +167,24 @@ class DLedgerMmapFileStore(DLedgerStore):
         if body_len > MAX_BODY_SIZE:
             raise DLedgerException(_E.UNEXPECTED_ARGUMENT, f"body of {body_len} bytes > {MAX_BODY_SIZE}")
 
+    def _check_entry(self, entry: DLedgerEntry, term: int) -> None:
+        """Refuse what recovery would later take for corruption (and cut)."""
+        if entry.magic not in VALID_MAGICS or not isinstance(entry.body, _BUFFER_TYPES):
+            raise DLedgerException(_E.UNEXPECTED_ARGUMENT, f"entry magic {entry.magic!r} / body type "
+                                   f"{type(entry.body).__name__}: expected magic 1-3 and bytes")
+        if term < 0 or term < self.ledger_end_term:
+            raise DLedgerException(_E.INCONSISTENT_TERM, f"append in term {term} below the log's end term "
+                                   f"{self.ledger_end_term}")
+        if not -(1 << 31) <= entry.channel < 1 << 31 or not -(1 << 31) <= entry.chain_crc < 1 << 31:
+            raise DLedgerException(_E.UNEXPECTED_ARGUMENT, f"channel {entry.channel} / chainCrc "
+                                   f"{entry.chain_crc} do not fit an int32")
+
     def append_as_leader(self, entry: DLedgerEntry, term: int) -> DLedgerEntry:
         """Append `entry` as index end + 1 in `term`; hooks may stamp its body before it counts."""
         body = entry.body
         blen = len(body)
         self._check_append(blen)
+        self._check_entry(entry, term)
         size = BODY_OFFSET + blen
         index = self.ledger_end_index + 1
         mf, off = self.data_file_list.reserve(size)
@@ -176,16 +193,20 @@ class DLedgerMmapFileStore(DLedgerStore):
         entry.term = term
         entry.pos = pos
         entry.size = size
-        if self.append_hooks:
-            self._write_with_hooks(mf, off, entry)
-        else:
-            crc = zlib.crc32(body)
-            crc -= (crc & _CRC_FIX) << 1
-            entry.body_crc = crc
-            HEADER.pack_into(mf.mm, off, entry.magic, size, index, term, pos, entry.channel, entry.chain_crc,
-                             crc, blen)
-            mf.mm[off + BODY_OFFSET:off + size] = body
-        self._append_index_records(INDEX_RECORD.pack(entry.magic, pos, size, index, term), index, pos)
+        try:
+            if self.append_hooks:
+                self._write_with_hooks(mf, off, entry)
+            else:
+                crc = zlib.crc32(body)
+                crc -= (crc & _CRC_FIX) << 1
+                entry.body_crc = crc
+                HEADER.pack_into(mf.mm, off, entry.magic, size, index, term, pos, entry.channel,
+                                 entry.chain_crc, crc, blen)
+                mf.mm[off + BODY_OFFSET:off + size] = body
+            self._append_index_records(INDEX_RECORD.pack(entry.magic, pos, size, index, term), index, pos)
+        except BaseException:
+            self.data_file_list.truncate_offset(pos)  # a claimed but unwritten gap would end recovery
+            raise
         self.ledger_end_index = index
         self.ledger_end_term = term
         if self.ledger_begin_index == -1:
@@ -242,6 +263,7 @@ class DLedgerMmapFileStore(DLedgerStore):
         if n == 0:
             return []
         self._check_append(max(len(e.body) for e in entries))
+        self._check_entry(entries[0], term)  # the term check; magics are checked in the loop below
         hooks = self.append_hooks
         dl = self.data_file_list
         pack_header = HEADER.pack_into
@@ -260,6 +282,9 @@ class DLedgerMmapFileStore(DLedgerStore):
                 body = entry.body
                 blen = len(body)
                 size = BODY_OFFSET + blen
+                magic = entry.magic
+                if magic not in VALID_MAGICS:
+                    raise DLedgerException(_E.UNEXPECTED_ARGUMENT, f"entry magic {magic!r}: expected 1-3")
                 if wrote + size <= room:
                     off = wrote
                 else:
@@ -283,10 +308,10 @@ class DLedgerMmapFileStore(DLedgerStore):
                     crc -= (crc & _CRC_FIX) << 1
                     entry.body_crc = crc
                     mm = mf.mm
-                    pack_header(mm, off, entry.magic, size, index, term, pos, entry.channel, entry.chain_crc,
+                    pack_header(mm, off, magic, size, index, term, pos, entry.channel, entry.chain_crc,
                                 crc, blen)
                     mm[off + BODY_OFFSET:off + size] = body
-                pack_index(records, roff, entry.magic, pos, size, index, term)
+                pack_index(records, roff, magic, pos, size, index, term)
                 roff += INDEX_UNIT_SIZE
                 index += 1
             if mf is not None:
@@ -315,6 +340,7 @@ class DLedgerMmapFileStore(DLedgerStore):
         if entry.term < self.ledger_end_term:
             raise DLedgerException(_E.INCONSISTENT_TERM, f"entry {entry.index} term {entry.term} < local end "
                                    f"term {self.ledger_end_term} (leader {leader_id}, term {leader_term})")
+        self._check_entry(entry, entry.term)
         self._write_follower_entry(entry, leader_id)
         return entry
 
@@ -332,11 +358,15 @@ class DLedgerMmapFileStore(DLedgerStore):
         mf, off = self.data_file_list.reserve(size)
         entry.size = size
         entry.body_crc = crc
-        HEADER.pack_into(mf.mm, off, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
-                         entry.chain_crc, crc, len(body))
-        mf.mm[off + BODY_OFFSET:off + size] = body
-        self._append_index_records(INDEX_RECORD.pack(entry.magic, entry.pos, size, entry.index, entry.term),
-                                   entry.index, entry.pos)
+        try:
+            HEADER.pack_into(mf.mm, off, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
+                             entry.chain_crc, crc, len(body))
+            mf.mm[off + BODY_OFFSET:off + size] = body
+            self._append_index_records(INDEX_RECORD.pack(entry.magic, entry.pos, size, entry.index,
+                                                         entry.term), entry.index, entry.pos)
+        except BaseException:
+            self.data_file_list.truncate_offset(entry.pos)
+            raise
         self.ledger_end_index = entry.index
         self.ledger_end_term = entry.term
         if self.ledger_begin_index == -1:

@@ -410,3 +410,34 @@ def test_wait_flushed_without_the_service_flushes_inline(tmp_path) -> None:
     asyncio.run(store.wait_flushed(4))
     assert store.flushed_index == 4
     assert not store.data_file_list.dirty_files() and not store.index_file_list.dirty_files()
+
+
+def test_bad_entries_are_refused_and_leave_no_gap_in_the_log(tmp_path) -> None:
+    store = open_store(tmp_path)
+    _fill(store, 5, term=2)
+    wrote = store.data_file_list.max_wrote_position
+    bad = [
+        (lambda: store.append_as_leader(DLedgerEntry(body="text"), 2),
+         DLedgerResponseCode.UNEXPECTED_ARGUMENT),
+        (lambda: store.append_as_leader(DLedgerEntry(body=b"x", magic=7), 2),
+         DLedgerResponseCode.UNEXPECTED_ARGUMENT),
+        (lambda: store.append_as_leader(DLedgerEntry(body=b"x", channel=1 << 40), 2),
+         DLedgerResponseCode.UNEXPECTED_ARGUMENT),
+        (lambda: store.append_as_leader(DLedgerEntry(body=b"x"), 1), DLedgerResponseCode.INCONSISTENT_TERM),
+        (lambda: store.batch_append_as_leader(
+            [DLedgerEntry(body=b"a" * 300), DLedgerEntry(body=b"b" * 300), DLedgerEntry(body=b"c", magic=0)],
+            2),
+         DLedgerResponseCode.UNEXPECTED_ARGUMENT),
+    ]
+    for call, code in bad:
+        with pytest.raises(DLedgerException) as ex:
+            call()
+        assert code_of(ex) is code
+        assert store.ledger_end_index == 4 and store.data_file_list.max_wrote_position == wrote
+    e = store.append_as_leader(DLedgerEntry(body=b"good"), 2)
+    last = store.get(4)
+    assert e.index == 5 and e.pos in (last.pos + last.size, last.pos - last.pos % DATA_FILE + DATA_FILE)
+    store.flush()
+    store.close_without_flush()
+    again = open_store(tmp_path)
+    assert again.ledger_end_index == 5 and again.get(5).body == b"good"

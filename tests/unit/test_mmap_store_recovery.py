@@ -125,7 +125,11 @@ def test_lost_last_files_recover_to_the_end_of_the_remaining_ones(tmp_path) -> N
 
 
 def test_term_going_backwards_in_the_tail_is_cut(tmp_path) -> None:
-    crashed_store(tmp_path, n=60, committed=10, term_of=lambda i: 1 if i == 59 else 5)
+    where = crashed_store(tmp_path, n=60, committed=10)
+    _, _, path, off = where[59]
+    patch(path, off + 16, (0).to_bytes(8, "big"))  # the entry's term field: below entry 58's
+    ipath, ioff = index_path(tmp_path, 59)
+    patch(ipath, ioff + 24, (0).to_bytes(8, "big"))  # and its index record agrees
     assert_recovered_to(tmp_path, 58)
 
 
