@@ -14,7 +14,7 @@ import uvicorn
 
 from broker.config import BrokerConfig
 from broker.http.app import create_app
-from broker.http.registration import BrokerRegistrar
+from broker.http.registration import REGISTER_INTERVAL_S, BrokerRegistrar
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,7 @@ class BrokerRuntime:
         await self.controller.start()
         try:
             ctx = self.app.state.ctx
-            kw = {} if self._register_interval_s is None else {"interval_s": self._register_interval_s}
-            self.registrar = BrokerRegistrar(ctx, cfg.namesrv_addr_list, **kw)
+            self.registrar = BrokerRegistrar(ctx, cfg.namesrv_addr_list, interval_s=self._register_interval())
             ctx.on_topics_changed(self.registrar.kick)
             self._watch_roles(ctx)
             host = "127.0.0.1" if cfg.broker_ip1 in ("127.0.0.1", "localhost") else "0.0.0.0"
@@ -91,6 +90,8 @@ class BrokerRuntime:
                     loop="none",
                     http="httptools",
                     lifespan="off",
+                    proxy_headers=False,  # no proxy in front: skip the per-request header rewrite
+                    server_header=False,
                     log_level="warning",
                     access_log=False,
                     timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
@@ -114,6 +115,20 @@ class BrokerRuntime:
             "dledger" if cfg.enable_dleger_commit_log else "local",
             cfg.namesrv_addr,
         )
+
+    def _register_interval(self) -> float:
+        """Seconds between heartbeats: the argument, else RocketMQ's `registerNameServerPeriod`
+        (ms), else 30 s."""
+        if self._register_interval_s is not None:
+            return self._register_interval_s
+        raw = (getattr(self.config, "extra", None) or {}).get("registerNameServerPeriod")
+        if raw is not None:
+            if not (raw.isascii() and raw.isdigit()) or not 100 <= int(raw) <= 600_000:
+                raise ValueError(
+                    f"{self.config.source}: registerNameServerPeriod={raw!r}: expected ms in 100..600000"
+                )
+            return int(raw) / 1000
+        return REGISTER_INTERVAL_S
 
     def _watch_roles(self, ctx: Any) -> None:
         """Re-register as soon as the broker's role flips (master ⇄ slave), not 30 s later. The

@@ -82,3 +82,36 @@ def test_bad_registration_is_problem_json_naming_field(namesrvs):
         a + "/brokers/register", content=b"{not json", headers={"content-type": "application/json"}
     )
     assert r.status_code == 400
+
+
+def test_real_brokers_register_with_every_namesrv_and_a_dead_one_expires(namesrvs, tmp_path):
+    """Two independent name servers; a broker heartbeating every 200 ms (registerNameServerPeriod)
+    appears in both; after SIGKILL it leaves routes once brokerExpiredMs (600 ms) has passed."""
+    from tests.integration._ledgermq_procs import CONF, start_broker
+
+    group = ProcessGroup(tmp_path)
+    try:
+        ns_list = ";".join(u.removeprefix("http://") for u in namesrvs)
+        addr = start_broker(
+            group,
+            tmp_path,
+            CONF / "broker-single.conf",
+            "broker-x",
+            ns_list,
+            brokerName="broker-x",
+            registerNameServerPeriod="200",
+        )
+        assert httpx.put(f"http://{addr}/topics/exp", json={}).status_code == 200
+        for url in namesrvs:
+            route = wait_http(f"{url}/routes/exp").json()
+            assert route["brokers"][0]["addrs"] == {"0": addr}
+        time.sleep(1.0)  # longer than brokerExpiredMs: heartbeats keep it alive
+        assert httpx.get(f"{namesrvs[0]}/routes/exp").status_code == 200
+        group.kill("broker-x")
+        t0 = time.monotonic()
+        for url in namesrvs:
+            wait_http(f"{url}/routes/exp", ok=lambda r: r.status_code == 404, timeout_s=5)
+        assert time.monotonic() - t0 < 3
+        assert "broker-x" not in httpx.get(f"{namesrvs[1]}/cluster").json()["brokers"]
+    finally:
+        group.stop_all()
