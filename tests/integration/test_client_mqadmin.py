@@ -88,3 +88,56 @@ def test_producer_sends_to_a_topic_nobody_registered_yet(env):
         res = c.pull("fresh-topic", r.queue_id, 0)
     assert [m.body for m in res.messages] == [b"first"]
     assert len(queues) == 4
+
+
+async def test_async_clients_concurrent_sends_long_poll_and_typed_errors(env):
+    import asyncio
+
+    from client import AsyncProducer, AsyncPullConsumer, AsyncSimpleConsumer, Message
+    from client.errors import BadRequestError, OffsetOutOfRangeError
+
+    async with AsyncProducer(env["ns"]) as p:
+        await create_topic_async(env["ns"], "async-t")
+        results = await asyncio.gather(*(p.send("async-t", f"a{i}", queue_id=0) for i in range(20)))
+        assert sorted(r.queue_offset for r in results) == list(range(20))
+        batch = await p.send_batch(
+            "async-t", [Message(body=b"b1", queue_id=1), Message(body=b"b2", queue_id=1)]
+        )
+        assert [r.queue_offset for r in batch] == [0, 1]
+        with pytest.raises(BadRequestError) as err:
+            await p.send("async-t", Message(body="x", properties={"TAGS": "reserved"}))
+        assert err.value.field == "messages[0].properties.TAGS"
+        c = AsyncPullConsumer(env["ns"])
+        try:
+            with pytest.raises(OffsetOutOfRangeError) as oor:
+                await c.pull("async-t", 0, 999)
+            assert (oor.value.min_offset, oor.value.max_offset) == (0, 20)
+            waiter = asyncio.ensure_future(c.pull("async-t", 1, 2, wait_ms=5000))
+            await asyncio.sleep(0.3)
+            assert not waiter.done()
+            await p.send("async-t", Message(body="late", queue_id=1))
+            res = await asyncio.wait_for(waiter, 3)
+            assert [m.body for m in res.messages] == [b"late"]
+        finally:
+            await c.close()
+    sc = AsyncSimpleConsumer("async-g", "async-t", env["ns"], invisible_ms=5000)
+    try:
+        got = []
+        while len(got) < 23:
+            batch_msgs = await sc.receive(max_messages=32)
+            assert batch_msgs, f"only {len(got)} received"
+            got += batch_msgs
+        await sc.ack(*got)
+        assert await sc.receive() == []
+    finally:
+        await sc.close()
+
+
+async def create_topic_async(ns: str, topic: str) -> None:
+    from client import AsyncAdmin
+
+    admin = AsyncAdmin(ns)
+    try:
+        await admin.update_topic(topic, 2, 2)
+    finally:
+        await admin.close()
