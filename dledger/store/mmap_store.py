@@ -11,12 +11,8 @@ every `wait_flushed` caller whose index the fsync covers is released by it (grou
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 import os
-import threading
-import time
 import zlib
 from collections.abc import Callable, Sequence
 
@@ -36,9 +32,10 @@ from dledger.entry import (
     body_crc32,
 )
 from dledger.store.base import DLedgerStore
-from dledger.store.checkpoint import CHECKPOINT_FILE, Checkpoint, write_checkpoint
+from dledger.store.checkpoint import CHECKPOINT_FILE
 from dledger.store.clean_space import CleanSpaceService
 from dledger.store.file_list import MmapFileList
+from dledger.store.flush_service import FlushDataService
 
 log = logging.getLogger(__name__)
 
@@ -79,17 +76,12 @@ class DLedgerMmapFileStore(DLedgerStore):
         self._committed_term = -1
         self._flushed_index = -1
         self._truncate_epoch = 0
-        self.flush_rounds = 0  # fsync rounds done by the flush service (observability; group commit)
         self._disk_full = False
         self._recovered = False
         self._closed = False
-        self._last_checkpoint: Checkpoint | None = None
-        self._checkpoint_lock = threading.Lock()
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
-        self._waiter_seq = itertools.count()
-        self._flush_wakeup: asyncio.Event | None = None
-        self._flush_lock: asyncio.Lock | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self.flush_service = FlushDataService(self)
+        self._flush_task: asyncio.Task[None] | None = None
+        self._clean_task: asyncio.Task[None] | None = None
         self._ctx = f"group={config.group} selfId={config.self_id}"
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -111,37 +103,28 @@ class DLedgerMmapFileStore(DLedgerStore):
         """Recover, then start the flush/checkpoint and clean-space services."""
         if not self._recovered:
             await asyncio.to_thread(self.recover)
-        self._flush_wakeup = asyncio.Event()
-        self._flush_lock = asyncio.Lock()
         self.check_disk_space()
-        sid = self.config.self_id
-        self._tasks = [asyncio.create_task(self._flush_service(), name=f"dledger-flush-{sid}"),
-                       asyncio.create_task(self.clean_space_service.run(), name=f"dledger-clean-{sid}")]
+        self._flush_task = self.flush_service.start()
+        self._clean_task = asyncio.create_task(self.clean_space_service.run(),
+                                               name=f"dledger-clean-{self.config.self_id}")
 
     async def shutdown(self) -> None:
         """Stop the services, flush everything, write the checkpoint, unmap the files."""
         if self._closed:
             return
         self._closed = True
-        if self._flush_lock is not None:
-            async with self._flush_lock:  # let a round in flight finish its fsync first
-                for task in self._tasks:
-                    task.cancel()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await self.flush_service.stop(self._flush_task)
+        if self._clean_task is not None:
+            self._clean_task.cancel()
         if self._recovered:
-            if self._flush_lock is not None:
-                await self._flush_round()
-                await asyncio.to_thread(self._write_checkpoint_now)
+            if self.flush_service.started:
+                await self.flush_service.flush_round()
+                await asyncio.to_thread(self.write_checkpoint)
             else:
                 self.flush()
-                self._write_checkpoint_now()
-        self._fail_waiters(DLedgerException(_E.INTERNAL_ERROR, "store shut down before the flush"))
+                self.write_checkpoint()
+        self.flush_service.fail_waiters(DLedgerException(_E.INTERNAL_ERROR,
+                                                         "store shut down before the flush"))
         self.data_file_list.close()
         self.index_file_list.close()
         log.info("event=store_shutdown %s end=%d committed=%d", self._ctx, self.ledger_end_index,
@@ -150,8 +133,9 @@ class DLedgerMmapFileStore(DLedgerStore):
     def close_without_flush(self) -> None:
         """Drop the maps without flushing or checkpointing (what a crash leaves; for tests)."""
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
+        for task in (self._flush_task, self._clean_task):
+            if task is not None:
+                task.cancel()
         self.data_file_list.close()
         self.index_file_list.close()
 
@@ -169,12 +153,16 @@ class DLedgerMmapFileStore(DLedgerStore):
 
     def _check_entry(self, entry: DLedgerEntry, term: int) -> None:
         """Refuse what recovery would later take for corruption (and cut)."""
-        if entry.magic not in VALID_MAGICS or not isinstance(entry.body, _BUFFER_TYPES):
-            raise DLedgerException(_E.UNEXPECTED_ARGUMENT, f"entry magic {entry.magic!r} / body type "
-                                   f"{type(entry.body).__name__}: expected magic 1-3 and bytes")
+        self._check_encodable(entry)
         if term < 0 or term < self.ledger_end_term:
             raise DLedgerException(_E.INCONSISTENT_TERM, f"append in term {term} below the log's end term "
                                    f"{self.ledger_end_term}")
+
+    @staticmethod
+    def _check_encodable(entry: DLedgerEntry) -> None:
+        if entry.magic not in VALID_MAGICS or not isinstance(entry.body, _BUFFER_TYPES):
+            raise DLedgerException(_E.UNEXPECTED_ARGUMENT, f"entry magic {entry.magic!r} / body type "
+                                   f"{type(entry.body).__name__}: expected magic 1-3 and bytes")
         if not -(1 << 31) <= entry.channel < 1 << 31 or not -(1 << 31) <= entry.chain_crc < 1 << 31:
             raise DLedgerException(_E.UNEXPECTED_ARGUMENT, f"channel {entry.channel} / chainCrc "
                                    f"{entry.chain_crc} do not fit an int32")
@@ -440,6 +428,10 @@ class DLedgerMmapFileStore(DLedgerStore):
         to cut a committed entry."""
         if self._closed or not self._recovered:
             raise DLedgerException(_E.DISK_ERROR, f"store {self.config.default_path()} is not open")
+        self._check_encodable(entry)
+        if entry.term < 0 or entry.index < 0:
+            raise DLedgerException(_E.UNEXPECTED_ARGUMENT,
+                                   f"truncate to index {entry.index} term {entry.term}")
         existed = False
         if self.ledger_begin_index <= entry.index <= self.ledger_end_index and entry.index >= 0:
             try:
@@ -494,8 +486,9 @@ class DLedgerMmapFileStore(DLedgerStore):
         if not existed:
             self._write_follower_entry(entry, leader_id)
         self._flushed_index = min(self._flushed_index, cut_index - 1)
-        self._fail_waiters(DLedgerException(_E.INCONSISTENT_STATE, f"entry cut by truncate at {cut_index}"),
-                           above=self.ledger_end_index if existed else entry.index - 1)
+        self.flush_service.fail_waiters(
+            DLedgerException(_E.INCONSISTENT_STATE, f"entry cut by truncate at {cut_index}"),
+            above=self.ledger_end_index if existed else entry.index - 1)
         log.info("event=store_truncated %s index=%d existed=%s end=%d leader=%s term=%d", self._ctx,
                  entry.index, existed, self.ledger_end_index, leader_id, leader_term)
         return self.ledger_end_index
@@ -527,104 +520,29 @@ class DLedgerMmapFileStore(DLedgerStore):
     def flushed_index(self) -> int:
         return self._flushed_index
 
+    def set_flushed_index(self, index: int) -> None:
+        self._flushed_index = index
+
+    @property
+    def truncate_epoch(self) -> int:
+        """Bumped by every truncate, so a flush round that overlapped one does not over-report."""
+        return self._truncate_epoch
+
+    @property
+    def flush_rounds(self) -> int:
+        return self.flush_service.flush_rounds
+
     def flush(self) -> None:
         """fdatasync dirty data and index files now (blocking)."""
-        target, epoch = self.ledger_end_index, self._truncate_epoch
-        targets = self.data_file_list.dirty_files() + self.index_file_list.dirty_files()
-        MmapFileList.fsync_files(targets)
-        MmapFileList.mark_flushed(targets)
-        self._advance_flushed(target, epoch)
-
-    def _advance_flushed(self, target: int, epoch: int) -> None:
-        # A truncate during the fsync may have rewritten entries <= target that it did not cover.
-        if epoch == self._truncate_epoch and target > self._flushed_index:
-            self._flushed_index = target
-        waiters = self._waiters
-        while waiters and waiters[0][0] <= self._flushed_index:
-            fut = heapq.heappop(waiters)[2]
-            if not fut.done():
-                fut.set_result(None)
-
-    async def _flush_round(self) -> None:
-        """One fsync of everything written so far, in a worker thread; one round at a time."""
-        assert self._flush_lock is not None
-        async with self._flush_lock:
-            target, epoch = self.ledger_end_index, self._truncate_epoch
-            data_targets = self.data_file_list.dirty_files()
-            index_targets = self.index_file_list.dirty_files()
-            if data_targets or index_targets:
-                self.flush_rounds += 1
-                try:
-                    # Data and index fsync in parallel: the round's latency is what waiters feel.
-                    await asyncio.gather(asyncio.to_thread(MmapFileList.fsync_files, data_targets),
-                                         asyncio.to_thread(MmapFileList.fsync_files, index_targets))
-                except OSError as e:
-                    log.error("event=flush_failed %s error=%r", self._ctx, e)
-                    self._fail_waiters(DLedgerException(_E.DISK_ERROR, f"fsync failed: {e}"))
-                    return
-                MmapFileList.mark_flushed(data_targets)
-                MmapFileList.mark_flushed(index_targets)
-            self._advance_flushed(target, epoch)
+        self.flush_service.flush_now()
 
     async def wait_flushed(self, index: int) -> None:
         """Return once entries up to `index` are fsynced (group commit with concurrent callers)."""
-        if index <= self._flushed_index:
-            return
-        if self._flush_wakeup is None:  # not started: flush inline
-            self.flush()
-            if index > self._flushed_index:
-                raise DLedgerException(_E.INDEX_OUT_OF_RANGE, f"index {index} > end {self.ledger_end_index}")
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (index, next(self._waiter_seq), fut))
-        self._flush_wakeup.set()
-        await fut
+        await self.flush_service.wait_flushed(index)
 
-    def _fail_waiters(self, exc: DLedgerException, above: int = -2) -> None:
-        keep = []
-        for item in self._waiters:
-            if item[0] > above:
-                if not item[2].done():
-                    item[2].set_exception(exc)
-            else:
-                keep.append(item)
-        heapq.heapify(keep)
-        self._waiters = keep
-
-    async def _flush_service(self) -> None:
-        """FlushDataService: flush every flush_file_interval_ms or when a waiter asks; checkpoint
-        every check_point_interval_ms."""
-        assert self._flush_wakeup is not None
-        interval_s = self.config.flush_file_interval_ms / 1000
-        checkpoint_s = self.config.check_point_interval_ms / 1000
-        last_checkpoint = time.monotonic()
-        wakeup = self._flush_wakeup
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self._waiters and not wakeup.is_set():
-                timer = loop.call_later(interval_s, wakeup.set)  # cheaper than wait_for per round
-                await wakeup.wait()
-                timer.cancel()
-            wakeup.clear()
-            try:
-                await self._flush_round()
-                if time.monotonic() - last_checkpoint >= checkpoint_s:
-                    last_checkpoint = time.monotonic()
-                    await asyncio.to_thread(self._write_checkpoint_now)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("event=flush_service_error %s", self._ctx)
-                await asyncio.sleep(interval_s)
-
-    def _write_checkpoint_now(self) -> None:
-        # Runs in worker threads; a cancelled service's write may still be running at shutdown.
-        with self._checkpoint_lock:
-            # committedIndex is never recorded above what is on disk, so recovery may rely on it.
-            cp = Checkpoint(self.ledger_end_index, min(self.committed_index, self._flushed_index))
-            if cp != self._last_checkpoint:
-                write_checkpoint(self.checkpoint_path, cp)
-                self._last_checkpoint = cp
+    def write_checkpoint(self) -> None:
+        """Write the `checkpoint` file now (blocking)."""
+        self.flush_service.write_checkpoint()
 
     # ---- disk space -----------------------------------------------------------------------------
 

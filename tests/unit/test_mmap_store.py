@@ -284,7 +284,7 @@ def test_expired_files_are_deleted_and_begin_index_revised(tmp_path) -> None:
     assert all(store.get(i).body == body_for(i) for i in range(begin, 200))
     assert store.index_file_list.min_offset <= begin * 32
     store.flush()
-    store._write_checkpoint_now()
+    store.write_checkpoint()
     store.close_without_flush()
     again = open_store(tmp_path)
     assert (again.ledger_begin_index, again.ledger_end_index, again.committed_index) == (begin, 199, 120)

@@ -69,7 +69,7 @@ def test_random_walk_matches_the_model(tmp_path, seed: int) -> None:
             store = leader if which == "n0" else follower
             begin, end, committed = store.ledger_begin_index, store.ledger_end_index, store.committed_index
             store.flush()
-            store._write_checkpoint_now()
+            store.write_checkpoint()
             store.close_without_flush()
             store = open_store(tmp_path, which)
             assert (store.ledger_begin_index, store.ledger_end_index, store.committed_index) == (

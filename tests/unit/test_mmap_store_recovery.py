@@ -36,7 +36,7 @@ def crashed_store(base, n: int = 60, committed: int = 30, term_of=lambda i: 1 + 
         store.append_as_leader(DLedgerEntry(body=body_for(i)), term_of(i))
     store.update_committed_index(term_of(n - 1), committed)
     store.flush()
-    store._write_checkpoint_now()
+    store.write_checkpoint()
     where = []
     for i in range(n):
         e = store.get(i)
