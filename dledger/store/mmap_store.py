@@ -3,9 +3,10 @@
 Layout under `{storeBaseDir}/dledger-{selfId}/`: `data/` (entries, `mappedFileSizeForEntryData`
 per file), `index/` (32-byte records at `index * 32`), `checkpoint` (`endIndex`, `committedIndex`).
 
-Writes go into the mapped files on the event loop; fsync runs in a worker thread, one at a time, and
-every `wait_flushed` caller whose index the fsync covers is released by it (group commit). Recovery
-(`dledger.store.mmap_recovery`) runs on `start()`.
+Appends encode straight into the mapped files on the event loop (hooks stamp the mapped bytes, the
+body CRC is taken after them, and the entry counts only once its index record is written). The
+parts with their own modules: recovery on `start()` (`mmap_recovery`), flushing, group commit and
+checkpoints (`flush_service.FlushDataService`), disk-full and expiry (`clean_space.CleanSpaceService`).
 """
 
 from __future__ import annotations
