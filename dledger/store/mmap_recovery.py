@@ -209,6 +209,16 @@ def recover(store: DLedgerMmapFileStore) -> None:
                                f"log in {dl.store_path} ends at index {last_index} (pos {pos}) but "
                                f"{store.checkpoint_path} records committedIndex={committed}; "
                                "refusing to start")
+    if start:
+        # Files before the scan start were not scanned, yet the first one names the begin index.
+        first = dl.files[0]
+        try:
+            _check_entry(first, _first_entry_offset(first))
+        except _Corrupt as e:
+            raise DLedgerException(DLedgerResponseCode.DISK_ERROR,
+                                   f"first entry of {first.path} is corrupt ({e}), so the begin index is "
+                                   "unknown. Refusing to start: restore the file or remove the member's "
+                                   "store to resync it from the leader") from None
     dl.truncate_offset(pos, stop_after_zeros=_STALE_SCAN_BYTES)
     if last_index >= 0:
         il.truncate_offset((last_index + 1) * INDEX_UNIT_SIZE, stop_after_zeros=_STALE_SCAN_BYTES)

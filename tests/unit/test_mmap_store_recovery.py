@@ -173,3 +173,13 @@ def test_lost_index_files_are_rebuilt_for_committed_entries_and_the_rest_cut(tmp
         os.unlink(os.path.join(index_dir, name))
     store = assert_recovered_to(tmp_path, 50)
     assert store.committed_index == 50 and store.ledger_begin_index == 0
+
+
+def test_a_corrupt_first_entry_outside_the_scanned_region_refuses_to_start(tmp_path) -> None:
+    where = crashed_store(tmp_path, n=120, committed=110)
+    _, _, path, off = where[0]
+    patch(path, off, bytes(BODY_OFFSET))  # entry 0's header zeroed; recovery scans only the last files
+    with pytest.raises(DLedgerException) as ex:
+        open_store(tmp_path)
+    assert ex.value.code is DLedgerResponseCode.DISK_ERROR
+    assert os.path.basename(path) in str(ex.value) and "begin index" in str(ex.value)
