@@ -154,6 +154,19 @@ def parse_produce_json(
     msgs: list[Message] = []
     queues: list[int | None] = []
     for i, item in enumerate(items):
+        if type(item) is dict and len(item) == 1 and type(item.get("body")) is str:
+            # The common bulk shape {"body": "..."}: nothing else to validate.
+            data = item["body"].encode("utf-8")
+            if len(data) > max_message_size:
+                raise BrokerError(
+                    BrokerCode.MESSAGE_TOO_LARGE,
+                    f"messages[{i}].body is {len(data)} bytes, maxMessageSize is {max_message_size}",
+                    field=f"messages[{i}].body",
+                    limit=max_message_size,
+                )
+            msgs.append(Message(topic=topic, body=data, born_timestamp=now, born_host=born_host))
+            queues.append(None)
+            continue
         where = f"messages[{i}]"
         if not isinstance(item, dict):
             raise invalid(where, "expected an object")
