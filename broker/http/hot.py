@@ -94,7 +94,9 @@ class HotHandlers:
                 raise invalid("Content-Type", f"expected {JSON} or application/octet-stream, got {ctype!r}")
             results = await self._put(topic, msgs, qids)
         except BrokerError as exc:
-            ctx.metrics.put_errors.labels(topic=topic[:127], code=exc.code.value).inc()
+            # Label only topics that exist: arbitrary names must not grow the metric without bound.
+            label = topic if ctx.store.topics.get(topic) is not None else "_other"
+            ctx.metrics.put_errors.labels(topic=label, code=exc.code.value).inc()
             raise
         tm = self.metrics(topic)
         tm.put_messages.inc(len(results))
