@@ -4,6 +4,7 @@ acknowledged message lost."""
 
 from __future__ import annotations
 
+import io
 import signal
 import threading
 import time
@@ -13,6 +14,7 @@ import pytest
 
 from client import Producer
 from client.errors import LedgerMQError
+from client.mqadmin import main as mqadmin
 from tests.integration._ledgermq_procs import (
     ProcessGroup,
     start_dledger_set,
@@ -86,6 +88,20 @@ def test_slaves_redirect_and_serve_committed_reads(dset):
     assert "dledger_committed_index" in metrics and "dledger_peer_water_mark" in metrics
     route = wait_http(f"http://{dset['ns']}/routes/orders").json()["brokers"][0]
     assert route["masterAddr"] == addrs[master] and set(route["addrs"].values()) == set(addrs.values())
+    # mqadmin leadershipTransfer: the chosen member becomes master and the route follows.
+    target = next(sid for sid in sorted(addrs) if sid != master)
+    out = io.StringIO()
+    assert (
+        mqadmin(["leadershipTransfer", "-n", dset["ns"], "-B", "broker-a", "-i", target, "--json"], out=out)
+        == 0
+    )
+    assert wait_master(addrs, exclude={master}) == target
+    deadline = time.monotonic() + 10
+    while route_master(dset["ns"], "orders") != addrs[target] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert route_master(dset["ns"], "orders") == addrs[target]
+    bad = httpx.post(f"http://{addrs[target]}/admin/leadership-transfer", json={"transfereeId": "n9"})
+    assert bad.status_code == 400 and bad.json()["field"] == "transfereeId"
 
 
 def test_producer_survives_master_failover_without_losing_acked_messages(dset):
