@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from tests.fault.cluster import CONF, REPO, free_ports, read_properties, write_properties
 
 pytestmark = pytest.mark.timeout(120)
-HTTP_FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+HTTP_FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 TOKEN = "fuzz-admin-token-7f3a9c"  # must never appear in a log
 
 
