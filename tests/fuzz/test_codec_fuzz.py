@@ -34,7 +34,7 @@ from dledger.entry import (
 from dledger.rpc import protocol
 from pipeline.offsets import OffsetSpecError, parse_offsets_json, parse_queue_key
 
-FUZZ = settings(max_examples=200, deadline=500, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=200, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 
 entries_st = st.builds(
     DLedgerEntry,
