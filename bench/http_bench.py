@@ -238,6 +238,22 @@ class Cluster:
         self.procs[name] = p
         return p
 
+    def start_single(self) -> None:
+        """One local-mode broker (no replication): separates HTTP cost from DLedger's."""
+        port = free_port()
+        conf = write_conf(
+            CONF / "broker-single.conf",
+            self.workdir / "single.conf",
+            {
+                "listenPort": str(port),
+                "namesrvAddr": "",
+                "storePathRootDir": str(self.workdir / "store-single"),
+                "flushDiskType": self.flush,
+            },
+        )
+        self.addrs["single"] = f"127.0.0.1:{port}"
+        self.spawn("single", ["broker", "-c", str(conf), "--log-level", "WARNING"])
+
     def start(self) -> None:
         ns_port = free_port()
         self.spawn(
@@ -303,11 +319,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--flush", default="ASYNC_FLUSH", choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
     ap.add_argument("--keep", action="store_true", help="keep the store/log directory")
+    ap.add_argument("--single", action="store_true", help="one local-mode broker instead of the DLedger set")
     args = ap.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="http-bench-"))
     cluster = Cluster(workdir, args.flush)
-    cluster.start()
-    report: dict[str, Any] = {"config": vars(args), "machine": {"cpus": os.cpu_count()}}
+    cluster.start_single() if args.single else cluster.start()
+    report: dict[str, Any] = {
+        "config": vars(args),
+        "machine": {"cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg()},
+    }
     try:
         master = cluster.wait_master()
         addr = cluster.addrs[master]
@@ -342,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "http_bench.json").write_text(json.dumps(report, indent=2))
+    name = "http_bench_single.json" if args.single else "http_bench.json"
+    (RESULTS / name).write_text(json.dumps(report, indent=2))
     targets = {
         "produce_single": ("msgs_per_s", 5000),
         "produce_batch100": ("msgs_per_s", 50000),
@@ -363,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         f"broker RssAnon max MB (mapped files excluded): {report['rss_anon_mb']}; "
         f"stored {report['stored_messages']} messages"
     )
-    print(f"written {RESULTS / 'http_bench.json'}")
+    print(f"written {RESULTS / name}")
     return 0
 
 
