@@ -239,6 +239,9 @@ class PopService:
             asyncio.ensure_future(self.ctx.store.wait_for_message(topic, q, qs.read_ptr, timeout))
             for q, qs in st.queues.items()
         ]
+        if not tasks:  # a topic with no readable queue: nothing can arrive, just honour waitMs
+            await asyncio.sleep(timeout)
+            return
         self.ctx.metrics.long_poll_waiters.inc()
         try:
             await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
