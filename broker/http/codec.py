@@ -25,6 +25,7 @@ from broker.message import (
     PROPERTY_UNIQ_KEY,
     Message,
     MessageExt,
+    create_message_id,
 )
 
 MAX_BATCH_MESSAGES = 10_000
@@ -244,6 +245,7 @@ def parse_produce_raw(
     return msg, queue_id
 
 
+_HOST_HEX: dict[str, str] = {}  # store host → the 16 hex digits it contributes to a msgId
 _SYSTEM_PROPERTIES = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_IDEMPOTENCY_KEY})
 
 
@@ -260,8 +262,12 @@ def message_json(m: MessageExt, force_base64: bool = False) -> dict[str, Any]:
             text, enc = base64.b64encode(body).decode("ascii"), "base64"
     props = m.properties
     keys_raw = props.get(PROPERTY_KEYS)
+    prefix = _HOST_HEX.get(m.store_host)
+    if prefix is None:
+        prefix = _HOST_HEX[m.store_host] = create_message_id(m.store_host, 0)[:16]
     return {
-        "msgId": m.msg_id,
+        # = create_message_id(store_host, offset): host+port hex, then the offset as 16 hex digits.
+        "msgId": f"{prefix}{m.commit_log_offset:016X}",
         "topic": m.topic,
         "queueId": m.queue_id,
         "queueOffset": m.queue_offset,
