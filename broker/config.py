@@ -97,6 +97,13 @@ def _peers(v: str) -> str:
     return v.strip()
 
 
+def _register_period(v: str) -> int:
+    n = _int(v)
+    if not 100 <= n <= 600_000:
+        raise ValueError(f"expected milliseconds 100..600000, got {n}")
+    return n
+
+
 def _path(v: str) -> str:
     return os.path.expanduser(v.strip())
 
@@ -133,6 +140,7 @@ KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "idempotencyWindowMs": ("idempotency_window_ms", _nonneg_int),
     "aclEnable": ("acl_enable", _bool),
     "aclConfigFile": ("acl_config_file", _path),
+    "registerNameServerPeriod": ("register_name_server_period", _register_period),
 }
 
 # Keys RocketMQ knows that LedgerMQ does not implement: accepted, one warning each.
@@ -161,7 +169,7 @@ serverSocketSndBufSize serverSocketRcvBufSize serverPooledByteBufAllocatorEnable
 useEpollNativeSelector clientWorkerThreads clientCallbackExecutorThreads brokerIP2
 waitTimeMillsInSendQueue waitTimeMillsInPullQueue filterServerNums notifyConsumerIdsChangedEnable
 highSpeedMode commercialEnable transferMsgByHeap maxDelayTime regionId registerBrokerTimeoutMills
-shortPollingTimeMills enablePropertyFilter compressedRegister forceRegister registerNameServerPeriod
+shortPollingTimeMills enablePropertyFilter compressedRegister forceRegister
 transactionTimeOut transactionCheckMax transactionCheckInterval readUnCommitted messageDelayLevel
 syncFlushTimeout putMsgIndexHightWater flushLeastPagesWhenWarmMapedFile enableScheduleMessageStats
 autoCreateSubscriptionGroup traceOn enableControllerMode controllerAddr enableSlaveActingMaster
@@ -203,6 +211,7 @@ class BrokerConfig:
     idempotency_window_ms: int = 5 * 60 * 1000
     acl_enable: bool = False
     acl_config_file: str = ""
+    register_name_server_period: int = 30_000  # ms between heartbeats to every name server
     source: str = "<defaults>"  # where the config came from, for error messages
     extra: dict[str, str] = field(default_factory=dict)  # accepted-but-unimplemented RocketMQ keys
 

@@ -121,13 +121,9 @@ class BrokerRuntime:
         (ms), else 30 s."""
         if self._register_interval_s is not None:
             return self._register_interval_s
-        raw = (getattr(self.config, "extra", None) or {}).get("registerNameServerPeriod")
-        if raw is not None:
-            if not (raw.isascii() and raw.isdigit()) or not 100 <= int(raw) <= 600_000:
-                raise ValueError(
-                    f"{self.config.source}: registerNameServerPeriod={raw!r}: expected ms in 100..600000"
-                )
-            return int(raw) / 1000
+        period_ms = getattr(self.config, "register_name_server_period", None)
+        if period_ms is not None:
+            return period_ms / 1000
         return REGISTER_INTERVAL_S
 
     def _watch_roles(self, ctx: Any) -> None:
