@@ -42,13 +42,7 @@ log = logging.getLogger(__name__)
 
 _E = DLedgerResponseCode
 _CRC_FIX = 0x80000000  # crc - ((crc & _CRC_FIX) << 1) turns zlib's unsigned CRC into a Java int
-
-
 _BUFFER_TYPES = (bytes, bytearray, memoryview)
-
-
-def _signed(crc: int) -> int:
-    return crc - ((crc & _CRC_FIX) << 1)
 
 
 class DLedgerMmapFileStore(DLedgerStore):
@@ -204,28 +198,27 @@ class DLedgerMmapFileStore(DLedgerStore):
         return entry
 
     def _write_with_hooks(self, mf, off: int, entry: DLedgerEntry) -> None:
-        """Encode into the map, let the hooks stamp the view, then CRC what they left."""
+        """Encode into the map, let the hooks stamp the view, then CRC what they left. The caller
+        rolls the claim back if this raises."""
         size = entry.size
         mm = mf.mm
+        HEADER.pack_into(mm, off, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
+                         entry.chain_crc, 0, size - BODY_OFFSET)
+        mm[off + BODY_OFFSET:off + size] = entry.body
+        view = mf.mv[off:off + size]
         try:
-            HEADER.pack_into(mm, off, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
-                             entry.chain_crc, 0, size - BODY_OFFSET)
-            mm[off + BODY_OFFSET:off + size] = entry.body
-            view = mf.mv[off:off + size]
-            try:
-                for hook in self.append_hooks:
-                    hook(entry, view, BODY_OFFSET)
-                crc = _signed(zlib.crc32(view[BODY_OFFSET:]))
-            finally:
-                view.release()
-            # Re-write the header whole: hooks own the body, never the header.
-            HEADER.pack_into(mm, off, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
-                             entry.chain_crc, crc, size - BODY_OFFSET)
-            entry.body_crc = crc
-            entry.body = mm[off + BODY_OFFSET:off + size]
-        except BaseException:
-            self.data_file_list.truncate_offset(mf.file_from_offset + off)
-            raise
+            for hook in self.append_hooks:
+                hook(entry, view, BODY_OFFSET)
+        finally:
+            view.release()
+        body = mm[off + BODY_OFFSET:off + size]  # the stamped body: CRC it and hand it back
+        crc = zlib.crc32(body)
+        crc -= (crc & _CRC_FIX) << 1
+        # Re-write the header whole: hooks own the body, never the header.
+        HEADER.pack_into(mm, off, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
+                         entry.chain_crc, crc, size - BODY_OFFSET)
+        entry.body_crc = crc
+        entry.body = body
 
     def _append_index_records(self, records: bytes | bytearray, first_index: int, first_pos: int) -> None:
         ipos = first_index * INDEX_UNIT_SIZE
