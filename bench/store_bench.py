@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -27,10 +28,17 @@ from dledger.config import DLedgerConfig
 from dledger.entry import DLedgerEntry
 from dledger.store.mmap_store import DLedgerMmapFileStore
 
+PHY_POS = struct.Struct(">q")
 SIZES = ((100, 300_000), (1024, 150_000), (64 * 1024, 6_000))
 TARGETS = {("batch100", 100): ("entries/s", 300_000), ("batch100", 1024): ("entries/s", 150_000),
            ("batch100", 64 * 1024): ("MB/s", 500), ("get", 100): ("entries/s", 300_000),
            ("get", 1024): ("entries/s", 300_000), ("sync_flush_64", 100): ("entries/s", 20_000)}
+
+
+def stamp_physical_offset(entry: DLedgerEntry, view: memoryview, body_offset: int) -> None:
+    """What broker/store/dledger_commitlog.py's hook does: pos + BODY_OFFSET at PHY_POS_POSITION."""
+    if len(view) >= body_offset + 36:
+        PHY_POS.pack_into(view, body_offset + 28, entry.pos + body_offset)
 
 
 def make_store(base: str, flush_disk_type: str = "ASYNC_FLUSH") -> DLedgerMmapFileStore:
@@ -126,6 +134,15 @@ async def bench_async(base: str, body_len: int, n: int) -> list[dict]:
                 await asyncio.sleep(0)
         out.append(row("single", body_len, n, t))
         del singles
+        # The broker's case: a hook stamps the physical offset into every message (DLedgerCommitLog).
+        store.add_append_hook(stamp_physical_offset)
+        batches = [[DLedgerEntry(body=body) for _ in range(100)] for _ in range(n // 100)]
+        with Timer() as t:
+            for batch in batches:
+                store.batch_append_as_leader(batch, 1)
+                await asyncio.sleep(0)
+        out.append(row("batch100_hook", body_len, n // 100 * 100, t))
+        del batches
         get = store.get
         total = store.ledger_end_index + 1
         with Timer() as t:
