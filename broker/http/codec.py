@@ -18,6 +18,7 @@ from starlette.requests import ClientDisconnect, Request
 from broker.errors import BrokerCode, BrokerError
 from broker.http.problems import invalid
 from broker.message import (
+    BODY_LENGTH_POSITION,
     KEY_SEPARATOR,
     PROPERTY_IDEMPOTENCY_KEY,
     PROPERTY_KEYS,
@@ -25,6 +26,7 @@ from broker.message import (
     PROPERTY_UNIQ_KEY,
     Message,
     MessageExt,
+    bytes_to_properties,
     create_message_id,
 )
 
@@ -280,6 +282,57 @@ def message_json(m: MessageExt, force_base64: bool = False) -> dict[str, Any]:
         "bornTimestamp": m.born_timestamp,
         "storeTimestamp": m.store_timestamp,
         "reconsumeTimes": m.reconsume_times,
+    }
+
+
+_HOST_PREFIX: dict[tuple[bytes, int], str] = {}  # (store ip, port) → the 16 hex digits of a msgId
+_UNIQ_ONLY = f"{PROPERTY_UNIQ_KEY}\x01".encode()
+_BODY_AT = BODY_LENGTH_POSITION + 4
+
+
+def message_json_view(
+    view: memoryview, head: tuple, topic_at: int, props_at: int, force_base64: bool = False
+) -> dict[str, Any]:
+    """`message_json` built straight from a stored message's bytes (validated by the store's
+    `read_messages`): no `MessageExt`, no body copy before the text decode, and a message whose
+    only property is UNIQ_KEY (the bulk case) skips the properties parse."""
+    (total, _, _, queue_id, _, queue_offset, phys, _, born_ts, _, _, store_ts, store_ip, store_port,
+     reconsume, _, _) = head
+    body = view[_BODY_AT:topic_at]
+    if force_base64:
+        text, enc = base64.b64encode(body).decode("ascii"), "base64"
+    else:
+        try:
+            text, enc = str(body, "utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            text, enc = base64.b64encode(body).decode("ascii"), "base64"
+    raw = bytes(view[props_at + 2:total])
+    if raw.startswith(_UNIQ_ONLY) and raw.count(b"\x02") == 1 and raw.endswith(b"\x02"):
+        tags, keys, user = None, [], {}
+    else:
+        props = bytes_to_properties(raw)
+        keys_raw = props.get(PROPERTY_KEYS)
+        tags = props.get(PROPERTY_TAGS)
+        keys = [k for k in keys_raw.split(KEY_SEPARATOR) if k] if keys_raw else []
+        user = {k: v for k, v in props.items() if k not in _SYSTEM_PROPERTIES}
+    host = (store_ip, store_port)
+    prefix = _HOST_PREFIX.get(host)
+    if prefix is None:
+        prefix = _HOST_PREFIX[host] = (store_ip + store_port.to_bytes(4, "big")).hex().upper()
+    return {
+        "msgId": f"{prefix}{phys:016X}",  # = create_message_id(store_host, phys)
+        "topic": str(view[topic_at + 1:props_at], "utf-8", "replace"),
+        "queueId": queue_id,
+        "queueOffset": queue_offset,
+        "commitLogOffset": phys,
+        "body": text,
+        "bodyEncoding": enc,
+        "tags": tags,
+        "keys": keys,
+        "properties": user,
+        "bornTimestamp": born_ts,
+        "storeTimestamp": store_ts,
+        "reconsumeTimes": reconsume,
     }
 
 

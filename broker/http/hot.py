@@ -18,7 +18,7 @@ import orjson
 
 from broker.errors import BrokerCode, BrokerError
 from broker.http.acl import Right
-from broker.http.codec import message_json, parse_produce_json, parse_produce_raw
+from broker.http.codec import message_json_view, parse_produce_json, parse_produce_raw
 from broker.http.context import HttpContext
 from broker.http.problems import PROBLEM_CONTENT_TYPE, from_dledger, invalid
 from broker.message import Message
@@ -28,6 +28,7 @@ from dledger.codes import DLedgerException
 log = logging.getLogger(__name__)
 
 MAX_PULL_MESSAGES = 1024
+DEFAULT_PULL_BYTES = 4 * 1024 * 1024  # = the store's default byte budget of one pull
 JSON = "application/json"
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
@@ -44,6 +45,10 @@ def int_param(params: Mapping[str, str], name: str, default: int | None, lo: int
     if not lo <= value <= hi:
         raise invalid(name, f"must be in {lo}..{hi}, got {value}")
     return value
+
+
+def _build_base64(view: memoryview, head: tuple, topic_at: int, props_at: int) -> dict[str, Any]:
+    return message_json_view(view, head, topic_at, props_at, True)
 
 
 class _TopicMetrics:
@@ -188,11 +193,11 @@ class HotHandlers:
                 await store.wait_for_message(topic, queue_id, offset, wait_s)
             finally:
                 ctx.metrics.long_poll_waiters.dec()
-        result = store.get_messages(topic, queue_id, offset, max_messages)
-        force = enc == "base64"
+        build = _build_base64 if enc == "base64" else message_json_view
+        result = store.read_messages(topic, queue_id, offset, max_messages, DEFAULT_PULL_BYTES, None, build)
         body = orjson.dumps(
             {
-                "messages": [message_json(x, force) for x in result.messages],
+                "messages": result.messages,
                 "nextOffset": result.next_offset,
                 "minOffset": result.min_offset,
                 "maxOffset": result.max_offset,
