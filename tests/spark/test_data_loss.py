@@ -40,7 +40,7 @@ def test_fail_on_data_loss_fails_clearly_or_skips(spark, retention_cluster, topi
     run_available_now(df.load(), tmp_path / "out", tmp_path / "ckpt")  # reads 0..49
     assert len(rows_of(spark, tmp_path / "out")) == 50
 
-    c.produce(topic_name, bodies(400, "dl2", size=900), queue_id=0)  # rolls several 64 KB files
+    c.produce(topic_name, bodies(300, "dl2", size=900), queue_id=0)  # rolls several 64 KB files
     lo = _expire_commit_log(str(c.tmp / "store-r"), 51, c, topic_name)
 
     q = (
@@ -57,4 +57,4 @@ def test_fail_on_data_loss_fails_clearly_or_skips(spark, retention_cluster, topi
 
     run_available_now(df.option("failOnDataLoss", "false").load(), tmp_path / "out", tmp_path / "ckpt")
     offsets = sorted(r.queueOffset for r in rows_of(spark, tmp_path / "out"))
-    assert offsets == list(range(50)) + list(range(lo, 450))  # the deleted ones skipped, nothing else
+    assert offsets == list(range(50)) + list(range(lo, 350))  # the deleted ones skipped, nothing else

@@ -51,7 +51,9 @@ def test_stream_to_topic_exactly_once_even_when_a_task_fails_mid_write(spark, cl
     src, dst = f"{topic_name}_src", f"{topic_name}_dst"
     cluster.create_topic(src, queues=2)
     cluster.create_topic(dst, queues=2)
-    cluster.produce(src, [f"m{i:05d}".encode() for i in range(1200)])
+    # Queue 0's task (100 rows) completes and produces; queue 1's task fails near its end.
+    cluster.produce(src, [f"m{i:05d}".encode() for i in range(100)], queue_id=0)
+    cluster.produce(src, [f"m{i:05d}".encode() for i in range(100, 1200)], queue_id=1)
     marker = tmp_path / "fail-once"
     marker.write_text("x")
     marker_path = str(marker)
@@ -59,11 +61,11 @@ def test_stream_to_topic_exactly_once_even_when_a_task_fails_mid_write(spark, cl
     from pyspark.sql import functions as F
 
     @F.udf("binary")
-    def fail_after_some_rows(value, queue_offset):
+    def fail_after_some_rows(value, queue_id, queue_offset):
         import os
 
-        # Fails the task part-way, after earlier rows of the same task were already produced.
-        if queue_offset >= 450 and os.path.exists(marker_path):
+        # Fails queue 1's task part-way: the batch aborts after other rows were already produced.
+        if queue_id == 1 and queue_offset >= 1000 and os.path.exists(marker_path):
             raise RuntimeError("injected sink-side task failure")
         return value
 
@@ -75,7 +77,7 @@ def test_stream_to_topic_exactly_once_even_when_a_task_fails_mid_write(spark, cl
             .option("startingOffsets", "earliest")
             .load()
         )
-        out = df.select(fail_after_some_rows("value", "queueOffset").alias("value"), "key")
+        out = df.select(fail_after_some_rows("value", "queueId", "queueOffset").alias("value"), "key")
         return (
             out.writeStream.format("ledgermq")
             .option("namesrvAddr", cluster.namesrv)
@@ -93,7 +95,7 @@ def test_stream_to_topic_exactly_once_even_when_a_task_fails_mid_write(spark, cl
         with pytest.raises(StreamingQueryException, match="injected sink-side task failure"):
             q.awaitTermination(120)
         partial = sum(hi - lo for lo, hi in cluster.queue_ranges(dst).values())
-        assert 0 < partial < 1200, partial  # the failed batch left some rows in the topic
+        assert 100 <= partial < 1200, partial  # the failed batch left some rows in the topic
 
         marker.unlink()
         q = start()  # replays batch 0 from the checkpoint with the same idempotency keys
