@@ -212,7 +212,7 @@ async def test_row07_power_loss_plus_pause_sync_flush(tmp_path: Path) -> None:
 # -- row 8 -------------------------------------------------------------------------------------------
 async def coordinated_power_loss(ctx: Ctx, cycles: int = 2) -> None:
     for _ in range(cycles):
-        await ctx.sleep(2.5)
+        await asyncio.sleep(2.5)  # load on the new leader before the next loss (not clamped)
         term = ctx.cluster.max_term()
         for m in ctx.cluster.members:
             ctx.extra.setdefault("cuts", []).append(
@@ -224,6 +224,7 @@ async def coordinated_power_loss(ctx: Ctx, cycles: int = 2) -> None:
         # New master within 5 s of the group being back (process start-up on 2 shared cores is
         # 2-4 s and says nothing about the election).
         ctx.cluster.mark_leader_fault("restart_all", term)
+        await ctx.cluster.wait_leader(timeout_s=10)
 
 
 @fault
