@@ -14,6 +14,7 @@ Replay a run: LEDGERMQ_FAULT_SEED=<seed from the report> pytest tests/fault/test
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import shutil
 import signal
@@ -26,7 +27,7 @@ import httpx
 import pytest
 
 from tests.fault.cluster import PY, REPO
-from tests.fault.history import OK, Event, load_history, pair_operations
+from tests.fault.history import FAIL, OK, Event, load_history, pair_operations
 from tests.fault.scenario import Ctx, _save, assert_safe, brief, run_scenario
 from tests.fault.workload import WorkloadConfig
 
@@ -470,6 +471,49 @@ async def test_row16_producer_retries_without_keys_reports_duplicates_apart(tmp_
     report = await run_scenario("row16_retries_plain", 16, tmp_path, leader_crash_loop, duration_s=12,
                                 workload=cfg)
     assert_safe(report)  # retry duplicates are counted apart and are not a broker fault
+
+
+# -- disk full ---------------------------------------------------------------------------------------
+@fault_full
+async def test_disk_full_refuses_writes_definitely(tmp_path: Path) -> None:
+    """Every member restarted with a disk-full ratio below the disk's real usage: produces must be
+    refused with 507 DISK_FULL (a definite failure: never stored, never read back), nothing
+    crashes, and writes resume once the members restart with the normal ratio."""
+    full = ["--dledger=disk_space_ratio_to_force_clean=0.0", "--dledger=enable_disk_force_clean=false",
+            "--dledger=disk_space_ratio_to_check_expired=0.99"]
+
+    async def restart_all(ctx: Ctx, args: list[str]) -> None:
+        for m in ctx.cluster.members:
+            ctx.cluster.launch_args[m.name] = args
+            ctx.cluster.kill(m, count_as_leader_fault=False)
+        for m in ctx.cluster.members:
+            ctx.cluster.start_member(m)
+        for m in ctx.cluster.members:
+            await ctx.cluster.wait_member_up(m)
+        await ctx.cluster.wait_leader(timeout_s=10)
+
+    async def nemesis(ctx: Ctx) -> None:
+        await asyncio.sleep(2)
+        await restart_all(ctx, full)
+        ctx.history.nemesis("disk_full_on")
+        await asyncio.sleep(4)
+        ctx.history.nemesis("disk_full_off")
+        await restart_all(ctx, [])
+
+    report = await run_scenario("disk_full", "disk", tmp_path, nemesis, duration_s=8)
+    assert_safe(report, new_master=False)
+    events = _events(tmp_path)
+    t_on, t_off = _nemesis_time(events, "disk_full_on")[0], _nemesis_time(events, "disk_full_off")[0]
+    during = [done for inv, done in pair_operations(e for e in events if e.f == "send")
+              if done is not None and t_on + 1e9 < inv.time_ns < t_off]
+    assert during, "no write attempted while the disk was full"
+    assert all(d.type != OK for d in during), "a write was acked while every member's disk was full"
+    # Refusals are definite (the append never happened), whatever the code. Which code clients
+    # see is recorded: 507 DISK_FULL is the contract; see docs/RELIABILITY.md finding 9.
+    codes = collections.Counter(f"{d.extra.get('status')} {d.error}" for d in during)
+    report["extra"]["refusals"] = dict(codes)
+    _save(report["scenario"], report, tmp_path)
+    assert all(d.type == FAIL for d in during), f"indeterminate outcomes while full: {codes}"
 
 
 # -- harness self-tests: the suite must be able to fail ------------------------------------------------
