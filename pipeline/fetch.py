@@ -17,6 +17,7 @@ import binascii
 import logging
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
@@ -69,40 +70,58 @@ class QueueFetcher:
         self.addr_index = 0
         self.schema = source_arrow_schema(opts.include_properties)
         self.page_size = max(1, min(opts.page_size, MAX_PULL_MESSAGES))
-        self.http = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
+        # Plain-http clusters need no TLS context (loading the CA bundle costs ~80 ms per task).
+        tls = any(a.startswith("https://") for a in self.addrs)
+        self.http = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0), verify=tls)
 
     def close(self) -> None:
         """Release the HTTP client."""
         self.http.close()
 
     def batches(self) -> Iterator[pa.RecordBatch]:
-        """Yield one RecordBatch per page until the whole range has been read."""
+        """Yield one RecordBatch per page until the whole range has been read.
+
+        The next page is requested as soon as its offset is known, in one helper thread, so the
+        broker serves page N+1 while this worker converts page N and Spark consumes it (the broker
+        is another process; a pull is mostly waiting on it). One pull is in flight at a time, so
+        the member rotation state in ``_pull`` is never shared.
+        """
         p = self.part
         offset = p.start
-        deadline = time.monotonic() + self.opts.poll_timeout_ms / 1000.0
-        while offset < p.end:
-            page = self._pull(offset, min(self.page_size, p.end - offset), deadline)
-            if page is None:  # this member has nothing at `offset` yet: wait / rotate
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"ledgermq: {p.topic}/{p.broker_name}:{p.queue_id} offsets [{offset}, {p.end}) not "
-                        f"readable from any of {self.addrs} within pollTimeoutMs={self.opts.poll_timeout_ms}"
-                    )
-                continue
-            msgs, min_offset = page
-            if not msgs:
-                if offset < min_offset:
-                    offset = self._data_loss(offset, min(min_offset, p.end))
-                continue
-            first, last = msgs[0]["queueOffset"], msgs[-1]["queueOffset"]
-            if first != offset or last >= p.end or last - first != len(msgs) - 1:
-                msgs = self._trim(msgs, offset, min_offset)  # rare: a gap, or more than asked for
-                if not msgs:
-                    continue
-                offset = msgs[0]["queueOffset"]
-            offset = msgs[-1]["queueOffset"] + 1
-            deadline = time.monotonic() + self.opts.poll_timeout_ms / 1000.0
-            yield self._to_arrow(msgs)
+        timeout_s = self.opts.poll_timeout_ms / 1000.0
+        deadline = time.monotonic() + timeout_s
+        if offset >= p.end:
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="ledgermq-prefetch") as pool:
+            fut = pool.submit(self._pull, offset, min(self.page_size, p.end - offset), deadline)
+            while True:
+                page = fut.result()
+                msgs: list[dict] = []
+                if page is None:  # this member has nothing at `offset` yet: wait / rotate
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"ledgermq: {p.topic}/{p.broker_name}:{p.queue_id} offsets [{offset}, {p.end}) "
+                            f"not readable from any of {self.addrs} within "
+                            f"pollTimeoutMs={self.opts.poll_timeout_ms}"
+                        )
+                else:
+                    msgs, min_offset = page
+                    if not msgs and offset < min_offset:
+                        offset = self._data_loss(offset, min(min_offset, p.end))
+                    elif msgs:
+                        first, last = msgs[0]["queueOffset"], msgs[-1]["queueOffset"]
+                        if first != offset or last >= p.end or last - first != len(msgs) - 1:
+                            msgs = self._trim(msgs, offset, min_offset)  # rare: a gap, or more than asked
+                        if msgs:
+                            offset = msgs[-1]["queueOffset"] + 1
+                            deadline = time.monotonic() + timeout_s
+                if offset >= p.end:
+                    if msgs:
+                        yield self._to_arrow(msgs)
+                    return
+                fut = pool.submit(self._pull, offset, min(self.page_size, p.end - offset), deadline)
+                if msgs:
+                    yield self._to_arrow(msgs)
 
     def _trim(self, msgs: list[dict], offset: int, min_offset: int) -> list[dict]:
         """Keep ``[offset, end)`` of a page, handling deleted offsets at its head (data loss)."""
