@@ -88,7 +88,8 @@ class EntryDispatcher:
         if timeout_s is None or timeout_s > 0:
             handle = None
             if timeout_s is not None:
-                handle = asyncio.get_running_loop().call_later(timeout_s, self.wake.set)
+                # Never below 1 ms: a sub-resolution timer can fire early and spin this loop.
+                handle = asyncio.get_running_loop().call_later(max(timeout_s, 0.001), self.wake.set)
             await self.wake.wait()
             if handle is not None:
                 handle.cancel()

@@ -47,6 +47,7 @@ log = logging.getLogger("dledger.elector")
 RoleChangeHandler = Callable[[int, Role], None]
 
 _PREFERRED_CHECK_INTERVAL_S = 3.0
+_MIN_WAIT_S = 0.001
 
 
 class DLedgerLeaderElector:
@@ -273,9 +274,11 @@ class DLedgerLeaderElector:
 
     # -- the state loop -------------------------------------------------------------------
     async def _sleep(self, delay_s: float) -> None:
-        """Wait `delay_s` or until something relevant happens (role change, transfer order)."""
+        """Wait `delay_s` or until something relevant happens (role change, transfer order).
+        A positive wait is at least _MIN_WAIT_S: timers may fire up to the clock resolution early,
+        and a loop re-arming a sub-resolution timer would spin without time passing."""
         if delay_s > 0:
-            handle = asyncio.get_running_loop().call_later(delay_s, self._wake.set)
+            handle = asyncio.get_running_loop().call_later(max(delay_s, _MIN_WAIT_S), self._wake.set)
             await self._wake.wait()
             handle.cancel()
         self._wake.clear()
@@ -504,7 +507,7 @@ class DLedgerLeaderElector:
             if resp.code != DLedgerResponseCode.SUCCESS:
                 raise DLedgerException(DLedgerResponseCode.value_of(resp.code), f"{transferee} refused")
             while ms.leader_id != transferee and loop.time() < deadline:
-                await self.wait_role_change(deadline - loop.time())
+                await self.wait_role_change(max(deadline - loop.time(), _MIN_WAIT_S))
             if ms.leader_id != transferee:
                 raise DLedgerException(
                     DLedgerResponseCode.TAKE_LEADERSHIP_FAILED, f"{transferee} did not take over"
