@@ -57,12 +57,15 @@ async def test_row01_baseline(tmp_path: Path) -> None:
 
 # -- row 2 -------------------------------------------------------------------------------------------
 async def leader_crash_loop(ctx: Ctx, gap_s: tuple[float, float] = (3, 5),
-                            down_s: tuple[float, float] = (2, 3)) -> None:
+                            down_s: tuple[float, float] = (2, 3), random_member: float = 0.0) -> None:
+    """SIGKILL the leader (or, with probability `random_member`, any member) and restart it."""
     while ctx.remaining() > 1:
         await ctx.sleep(ctx.rng.uniform(*gap_s))
         leader, _ = ctx.cluster.current_leader()
         if leader is None:
             continue
+        if ctx.rng.random() < random_member:
+            leader = ctx.rng.choice(ctx.cluster.members)
         ctx.cluster.kill(leader)
         await asyncio.sleep(ctx.rng.uniform(*down_s))
         await ctx.cluster.restart(leader)
@@ -78,7 +81,7 @@ async def test_row02_leader_crash_loop(tmp_path: Path) -> None:
 @fault_full
 async def test_row02_leader_crash_loop_long(tmp_path: Path) -> None:
     async def nemesis(ctx: Ctx) -> None:
-        await leader_crash_loop(ctx, gap_s=(5, 10), down_s=(2, 5))
+        await leader_crash_loop(ctx, gap_s=(5, 10), down_s=(2, 5), random_member=0.3)
 
     report = await run_scenario("row02_leader_crash_loop_long", 2, tmp_path, nemesis, duration_s=60)
     assert_safe(report)
