@@ -407,6 +407,8 @@ async def test_row12_consumer_crash_mid_batch(tmp_path: Path) -> None:
     report["extra"]["redelivered"] = sum(1 for e in events if e.f == "poll" and e.type == OK
                                          and e.process.startswith("consumer-")
                                          for _ in e.value["messages"]) - len(delivered)
+    report["extra"]["delivered"] = len(delivered)
+    _save(report["scenario"], report, tmp_path)
 
 
 # -- row 13 ------------------------------------------------------------------------------------------
