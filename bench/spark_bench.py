@@ -73,8 +73,8 @@ def produce(addr: str, topic: str, n: int, size: int, batch: int = 500) -> float
     return time.perf_counter() - t0
 
 
-def run_query(spark, namesrv: str, topic: str, out: Path, page_size: int) -> dict:
-    """AvailableNow ``ledgermq`` → Parquet; returns wall time and per-batch figures."""
+def run_query(spark, namesrv: str, topic: str, out: Path, page_size: int, sink: str = "parquet") -> dict:
+    """AvailableNow ``ledgermq`` → Parquet (or ``noop``); returns wall time and per-batch figures."""
     df = (
         spark.readStream.format("ledgermq")
         .option("namesrvAddr", namesrv)
@@ -85,7 +85,7 @@ def run_query(spark, namesrv: str, topic: str, out: Path, page_size: int) -> dic
     )
     t0 = time.perf_counter()
     q = (
-        df.writeStream.format("parquet")
+        df.writeStream.format(sink)
         .option("path", str(out / "data"))
         .option("checkpointLocation", str(out / "ckpt"))
         .trigger(availableNow=True)
@@ -106,6 +106,7 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--page-size", type=int, default=1000)
     ap.add_argument("--target", type=float, default=50_000.0)
+    ap.add_argument("--sink", default="parquet", choices=["parquet", "noop"], help="noop isolates the source")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -163,8 +164,8 @@ def main() -> int:
         spark.sparkContext.setLogLevel("ERROR")
         pipeline.register(spark)
         run_query(spark, namesrv, "bench_warmup", tmp / "warm", args.page_size)
-        res = run_query(spark, namesrv, "bench_main", tmp / "main", args.page_size)
-        written = spark.read.parquet(str(tmp / "main" / "data")).count()
+        res = run_query(spark, namesrv, "bench_main", tmp / "main", args.page_size, args.sink)
+        written = spark.read.parquet(str(tmp / "main" / "data")).count() if args.sink == "parquet" else None
         spark.stop()
     finally:
         for p in procs:
@@ -177,7 +178,7 @@ def main() -> int:
                     p.wait(5)
 
     result = {
-        "benchmark": "spark_source_to_parquet",
+        "benchmark": f"spark_source_to_{args.sink}",
         "master": "local[2]",
         "messages": args.messages,
         "message_bytes": args.size,
@@ -198,7 +199,8 @@ def main() -> int:
     print("\n".join(f"{k:<{width}}  {v}" for k, v in result.items()))
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "spark_bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    name = "spark_bench.json" if args.sink == "parquet" else f"spark_bench_{args.sink}.json"
+    (out / name).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 
