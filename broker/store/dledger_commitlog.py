@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, Any
 from broker.config import BrokerConfig
 from broker.errors import BrokerCode, BrokerError
 from broker.message import (
+    BODY_LENGTH_POSITION,
     FIXED_OVERHEAD,
     MESSAGE_MAGIC_CODE,
     PHY_POS_POSITION,
+    QUEUE_ID_POSITION,
     QUEUE_OFFSET_POSITION,
-    read_topic_and_queue,
 )
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.entry import BODY_OFFSET, HEADER, MAGIC_NORMAL, DLedgerEntry
@@ -162,8 +163,13 @@ class DLedgerCommitLog:
             return
         if _INT.unpack_from(view, body_offset + 4)[0] != MESSAGE_MAGIC_CODE:
             return
-        with view[body_offset:] as msg:  # released here: the store unmaps files only without views
-            topic, queue_id = read_topic_and_queue(msg)
+        # Topic bytes copied out by position (no view kept: the store unmaps files only without views).
+        body_len = _INT.unpack_from(view, body_offset + BODY_LENGTH_POSITION)[0]
+        topic_at = body_offset + BODY_LENGTH_POSITION + 4 + body_len
+        if body_len < 0 or topic_at >= len(view):
+            return  # not a message we encoded; the dispatcher reports it
+        topic = self.store.topic_name(bytes(view[topic_at + 1:topic_at + 1 + view[topic_at]]))
+        queue_id = _INT.unpack_from(view, body_offset + QUEUE_ID_POSITION)[0]
         queue_offset = self.store.assign_queue_offset(topic, queue_id)
         _LONG.pack_into(view, body_offset + QUEUE_OFFSET_POSITION, queue_offset)
         _LONG.pack_into(view, body_offset + PHY_POS_POSITION, entry.pos + body_offset)

@@ -20,6 +20,8 @@ Either way the store works the same:
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 import os
 import struct
@@ -34,23 +36,25 @@ from broker.config import BrokerConfig
 from broker.errors import BrokerCode, BrokerError
 from broker.message import (
     FIXED_OVERHEAD,
+    IDEMPOTENCY_MARK,
     MESSAGE_MAGIC_CODE,
     PHY_POS_POSITION,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     STORE_TIMESTAMP_POSITION,
+    TAGS_MARK,
     DispatchInfo,
     Message,
     MessageExt,
     bytes_to_properties,
     create_message_id,
-    decode_dispatch_info,
     decode_message,
-    encode_message,
+    encode_batch,
     message_ext_from,
     new_uniq_key,
     parse_message,
     tags_hash_code,
+    unpack_host,
 )
 from broker.store import store_recovery
 from broker.store.commitlog import CommitLog
@@ -80,6 +84,12 @@ class GetResult:
     next_offset: int
     min_offset: int
     max_offset: int
+
+
+def _expire_waiter(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_exception(BrokerError(BrokerCode.TIMEOUT, "committed record was not dispatched in time",
+                                      outcome="committed"))
 
 
 def _decode_ext(view: memoryview, head: tuple, topic_at: int, props_at: int) -> MessageExt:
@@ -130,8 +140,12 @@ class DefaultMessageStore:
         self.topics.on_delete = self._drop_topic
         self.offsets.set_writer(self.append_system_record)
         self._replaying = False
+        self._topic_names: dict[bytes, str] = {}
         self._arrivals: dict[tuple[str, int], asyncio.Event] = {}
-        self._dispatch_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        # Puts/records waiting for the dispatcher to pass their end: a min-heap on the commit-log
+        # end position, popped as reput_offset advances (no per-put polling, no list scans).
+        self._dispatch_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiter_seq = itertools.count()
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._round_robin: dict[str, int] = {}
         self._flush_task: asyncio.Task[None] | None = None
@@ -179,7 +193,7 @@ class DefaultMessageStore:
         await self.commit_log.shutdown()
         if self._flush_task is not None:
             await self._flush_task
-        for _, fut in self._dispatch_waiters:
+        for _, _, fut in self._dispatch_waiters:
             if not fut.done():
                 fut.set_exception(BrokerError(BrokerCode.SERVICE_UNAVAILABLE, "store shut down"))
         self._dispatch_waiters.clear()
@@ -298,7 +312,12 @@ class DefaultMessageStore:
                 mine[(topic, key)] = _Pending()
             to_store.append(i)
         try:
-            bufs = [self._encode(msgs[i], queue_id) for i in to_store]
+            batch = msgs if len(to_store) == len(msgs) else [msgs[i] for i in to_store]
+            for m in batch:
+                if not isinstance(m.body, bytes | bytearray):
+                    raise BrokerError(BrokerCode.INVALID_REQUEST, "message body must be bytes", field="body")
+            bufs = encode_batch(batch, queue_id=queue_id, store_host=self.config.broker_addr,
+                                max_message_size=self.config.max_message_size)
         except BrokerError:
             for p in mine.values():
                 p.future.cancel()
@@ -327,13 +346,6 @@ class DefaultMessageStore:
         for i, fut in waits:
             results[i] = await fut
         return [r for r in results if r is not None]
-
-    def _encode(self, msg: Message, queue_id: int) -> bytearray:
-        if not isinstance(msg.body, bytes | bytearray):
-            raise BrokerError(BrokerCode.INVALID_REQUEST, "message body must be bytes", field="body")
-        return encode_message(msg, queue_id=queue_id, queue_offset=0, phys_offset=0,
-                              store_host=self.config.broker_addr,
-                              max_message_size=self.config.max_message_size)
 
     async def _append(self, bufs: list[bytearray], topic: str, queue_id: int) -> list[PutResult]:
         if self.dledger:
@@ -386,15 +398,18 @@ class DefaultMessageStore:
         await self.wait_dispatched(res[0].commit_log_offset + res[0].store_size)
 
     async def wait_dispatched(self, phys_end: int, timeout_s: float = 10.0) -> None:
+        """Return once the dispatcher has passed commit-log position `phys_end`; TIMEOUT
+        (outcome committed) after `timeout_s`. One future and one timer handle per call."""
         if self.reput_offset >= phys_end:
             return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._dispatch_waiters.append((phys_end, fut))
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        heapq.heappush(self._dispatch_waiters, (phys_end, next(self._waiter_seq), fut))
+        timer = loop.call_later(timeout_s, _expire_waiter, fut)
         try:
-            await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError:
-            raise BrokerError(BrokerCode.TIMEOUT, "committed record was not dispatched in time",
-                              outcome="committed") from None
+            await fut
+        finally:
+            timer.cancel()
 
     # ---- dispatching --------------------------------------------------------------------------
 
@@ -410,53 +425,70 @@ class DefaultMessageStore:
         self.reput_offset = max(self.reput_offset, pos)
         self.dispatch_done()
 
+    def topic_name(self, raw: bytes) -> str:
+        """The topic whose stored UTF-8 bytes are `raw` (cached: a store sees few topics)."""
+        name = self._topic_names.get(raw)
+        if name is None:
+            if len(self._topic_names) > 10_000:
+                self._topic_names.clear()
+            name = self._topic_names[raw] = str(raw, "utf-8", "replace")
+        return name
+
     def dispatch(self, data: memoryview | bytes, phys: int) -> None:
         """Dispatch one committed message (in log order) whose bytes start at `phys`."""
         if phys < self.reput_offset:
             return  # already dispatched (replay after restart)
         try:
-            info = decode_dispatch_info(data, phys)
+            head, topic_at, props_at = parse_message(data, phys, check_crc=False)
         except BrokerError as exc:
             log.error("event=dispatch_skipped phys=%d reason=%s", phys, exc.detail)
             self.reput_offset = phys + max(len(data), 1)
             return
-        if info.phys_offset != phys:
-            log.error("event=phys_offset_mismatch stored=%d actual=%d topic=%s",
-                      info.phys_offset, phys, info.topic)
-        self.topics.ensure_from_data(info.topic, info.queue_id)
-        key = (info.topic, info.queue_id)
+        size = head[0]
+        queue_id = head[3]
+        queue_offset = head[5]
+        topic = self.topic_name(bytes(data[topic_at + 1:props_at]))
+        if head[6] != phys:
+            log.error("event=phys_offset_mismatch stored=%d actual=%d topic=%s", head[6], phys, topic)
+        props_raw = bytes(data[props_at + 2:size])
+        info = None
+        tags_code = 0
+        if TAGS_MARK in props_raw or IDEMPOTENCY_MARK in props_raw:  # else: neither is there
+            info = DispatchInfo(topic, queue_id, queue_offset, head[6], size, head[11],
+                                unpack_host(head[12], head[13]), props_raw)
+            tags_code = info.tags_code
+        self.topics.ensure_from_data(topic, queue_id)
+        key = (topic, queue_id)
         cq = self.consume_queues.get(key)
         if cq is None:
             cq = self._create_cq(*key)
-        cq.put_unit(info.queue_offset, phys, info.size, info.tags_code)
-        if self.queue_offset_table.get(key, 0) <= info.queue_offset and not self.is_master:
-            self.queue_offset_table[key] = info.queue_offset + 1
-        handler = self._system_handlers.get(info.topic)
+        cq.put_unit(queue_offset, phys, size, tags_code)
+        if not self.is_master and self.queue_offset_table.get(key, 0) <= queue_offset:
+            self.queue_offset_table[key] = queue_offset + 1
+        handler = self._system_handlers.get(topic)
         if handler is not None:
             try:
                 handler(orjson.loads(decode_message(data, phys).body))
             except (BrokerError, orjson.JSONDecodeError) as exc:
-                log.error("event=system_record_unreadable topic=%s phys=%d reason=%s", info.topic, phys, exc)
-        if info.idempotency_key:
+                log.error("event=system_record_unreadable topic=%s phys=%d reason=%s", topic, phys, exc)
+        if info is not None and info.idempotency_key:
             self.remember_idempotency(info)
-        self.reput_offset = phys + info.size
+        self.reput_offset = phys + size
         ev = self._arrivals.pop(key, None)
         if ev is not None:
             ev.set()
 
     def dispatch_done(self) -> None:
         """After a batch of dispatches: release `wait_dispatched` callers that are covered."""
-        if not self._dispatch_waiters:
-            return
-        keep = []
-        for target, fut in self._dispatch_waiters:
-            if fut.done():
-                continue
-            if target <= self.reput_offset:
+        heap = self._dispatch_waiters
+        reput = self.reput_offset
+        while heap and heap[0][0] <= reput:
+            fut = heapq.heappop(heap)[2]
+            if not fut.done():
                 fut.set_result(None)
-            else:
-                keep.append((target, fut))
-        self._dispatch_waiters = keep
+        if len(heap) > 4096:  # waiters that timed out while dispatch was stuck: drop them
+            self._dispatch_waiters = [w for w in heap if not w[2].done()]
+            heapq.heapify(self._dispatch_waiters)
 
     def remember_idempotency(self, info: DispatchInfo) -> None:
         key = info.idempotency_key
