@@ -8,8 +8,10 @@ uvloop, so the generator is not the bottleneck that httpx would be):
   2. batched produce, 100 x 1 KB per request;
   3. pull, 256 messages per request, every queue read to its end.
 
-Prints a table and writes bench/results/http_bench.json: msgs/s, p50/p99 latency per request, and
-each broker's resident memory without mapped files (RssAnon) sampled during the run.
+Prints a table and writes bench/results/http_bench.json: msgs/s, p50/p99 latency per request, the
+brokers' CPU seconds per phase (msgs per broker CPU-second: comparable across machine loads, since
+this 2-core machine is shared), and each broker's resident memory without mapped files (RssAnon) at
+the start, after each phase and at the end, with its growth per 1,000 stored messages (must be ~0).
 
     .venv/bin/python bench/http_bench.py [--seconds 10] [--clients 32] [--workers 1]
 """
@@ -219,6 +221,15 @@ def rss_anon_mb(pid: int) -> float | None:
     return None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time the process has used so far (from /proc/<pid>/stat)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Cluster:
     def __init__(self, workdir: Path, flush: str) -> None:
         self.workdir = workdir
@@ -298,6 +309,9 @@ class Cluster:
     def memory(self) -> dict[str, float | None]:
         return {sid: rss_anon_mb(self.procs[sid].pid) for sid in self.addrs}
 
+    def cpu(self) -> dict[str, float | None]:
+        return {sid: cpu_seconds(self.procs[sid].pid) for sid in self.addrs}
+
     def stop(self) -> None:
         for p in self.procs.values():
             if p.poll() is None:
@@ -338,23 +352,41 @@ def main(argv: list[str] | None = None) -> int:
         r.raise_for_status()
         mem: list[dict[str, float | None]] = [cluster.memory()]
         w = args.workers
+
+        def phase(name: str, kind: str, worker_args: list[tuple]) -> None:
+            # Broker CPU seconds per phase: msgs per CPU-second is comparable across machine loads.
+            before = cluster.cpu()
+            report[name] = res = run_phase(kind, worker_args)
+            after = cluster.cpu()
+            res["broker_cpu_s"] = {
+                sid: round(after[sid] - before[sid], 2) if after[sid] is not None and before[sid] is not None
+                else None
+                for sid in cluster.addrs
+            }
+            cpu_all = sum(v for v in res["broker_cpu_s"].values() if v)
+            res["msgs_per_broker_cpu_s"] = round(res["messages"] / cpu_all) if cpu_all else None
+            res["master_cpu_s"] = res["broker_cpu_s"].get(master)
+            mem.append(cluster.memory())
+
         per = max(1, args.clients // w)
-        report["produce_single"] = run_phase(
-            "produce", [(host, int(port), per, args.seconds, 1, args.size)] * w
-        )
-        mem.append(cluster.memory())
+        phase("produce_single", "produce", [(host, int(port), per, args.seconds, 1, args.size)] * w)
         perb = max(1, args.batch_clients // w)
-        report["produce_batch100"] = run_phase(
-            "produce", [(host, int(port), perb, args.seconds, 100, args.size)] * w
-        )
-        mem.append(cluster.memory())
+        phase("produce_batch100", "produce", [(host, int(port), perb, args.seconds, 100, args.size)] * w)
         topic = httpx.get(f"http://{addr}/topics/{TOPIC}").json()
         queues = [(q["queueId"], q["maxOffset"]) for q in topic["queues"]]
         shards = [queues[i::w] for i in range(w)]
-        report["pull_256"] = run_phase("pull", [(host, int(port), s, 256) for s in shards if s])
-        mem.append(cluster.memory())
+        phase("pull_256", "pull", [(host, int(port), s, 256) for s in shards if s])
         report["stored_messages"] = sum(e for _, e in queues)
         report["rss_anon_mb"] = {sid: max((m[sid] or 0) for m in mem) for sid in cluster.addrs}
+        report["rss_anon_mb_start"] = mem[0]
+        report["rss_anon_mb_end"] = mem[-1]
+        stored = report["stored_messages"]
+        report["rss_anon_growth_kb_per_1k_msgs"] = {
+            sid: round(((mem[-1][sid] or 0) - (mem[0][sid] or 0)) * 1024 * 1000 / stored, 1)
+            if stored
+            else None
+            for sid in cluster.addrs
+        }
         report["rss_anon_mb_samples"] = mem
         report["master"] = master
     finally:
@@ -369,12 +401,17 @@ def main(argv: list[str] | None = None) -> int:
         "produce_batch100": ("msgs_per_s", 50000),
         "pull_256": ("msgs_per_s", 60000),
     }
-    print(f"{'phase':<18}{'msgs/s':>10}{'req':>9}{'err':>6}{'p50 ms':>9}{'p99 ms':>9}  target")
+    print(f"load average at start: {report['machine']['loadavg_at_start']}")
+    print(
+        f"{'phase':<18}{'msgs/s':>10}{'req':>9}{'err':>6}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'msg/cpu-s':>11}{'master cpu':>11}  target"
+    )
     for phase, (_key, target) in targets.items():
         r = report[phase]
         print(
             f"{phase:<18}{r['msgs_per_s']:>10}{r['requests']:>9}{r['errors']:>6}{r['p50_ms']!s:>9}"
-            f"{r['p99_ms']!s:>9}  >= {target} msgs/s"
+            f"{r['p99_ms']!s:>9}{r['msgs_per_broker_cpu_s']!s:>11}{r['master_cpu_s']!s:>11}"
+            f"  >= {target} msgs/s"
         )
     print(
         f"p99 single produce target < 25 ms at {args.clients} clients: "
@@ -384,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         f"broker RssAnon max MB (mapped files excluded): {report['rss_anon_mb']}; "
         f"stored {report['stored_messages']} messages"
     )
+    print(f"RssAnon MB at start {report['rss_anon_mb_start']} -> end {report['rss_anon_mb_end']}")
+    print(f"RssAnon growth KB per 1k stored messages: {report['rss_anon_growth_kb_per_1k_msgs']}")
     print(f"written {RESULTS / name}")
     return 0
 
