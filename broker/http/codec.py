@@ -167,7 +167,7 @@ def parse_produce_json(
                     field=f"messages[{i}].body",
                     limit=max_message_size,
                 )
-            msgs.append(Message(topic=topic, body=data, born_timestamp=now, born_host=born_host))
+            msgs.append(Message(topic, data, None, None, None, 0, None, now, born_host))
             queues.append(None)
             continue
         where = f"messages[{i}]"
@@ -296,8 +296,25 @@ def message_json_view(
     """`message_json` built straight from a stored message's bytes (validated by the store's
     `read_messages`): no `MessageExt`, no body copy before the text decode, and a message whose
     only property is UNIQ_KEY (the bulk case) skips the properties parse."""
-    (total, _, _, queue_id, _, queue_offset, phys, _, born_ts, _, _, store_ts, store_ip, store_port,
-     reconsume, _, _) = head
+    (
+        total,
+        _,
+        _,
+        queue_id,
+        _,
+        queue_offset,
+        phys,
+        _,
+        born_ts,
+        _,
+        _,
+        store_ts,
+        store_ip,
+        store_port,
+        reconsume,
+        _,
+        _,
+    ) = head
     body = view[_BODY_AT:topic_at]
     if force_base64:
         text, enc = base64.b64encode(body).decode("ascii"), "base64"
@@ -306,7 +323,7 @@ def message_json_view(
             text, enc = str(body, "utf-8"), "utf-8"
         except UnicodeDecodeError:
             text, enc = base64.b64encode(body).decode("ascii"), "base64"
-    raw = bytes(view[props_at + 2:total])
+    raw = bytes(view[props_at + 2 : total])
     if raw.startswith(_UNIQ_ONLY) and raw.count(b"\x02") == 1 and raw.endswith(b"\x02"):
         tags, keys, user = None, [], {}
     else:
@@ -321,7 +338,7 @@ def message_json_view(
         prefix = _HOST_PREFIX[host] = (store_ip + store_port.to_bytes(4, "big")).hex().upper()
     return {
         "msgId": f"{prefix}{phys:016X}",  # = create_message_id(store_host, phys)
-        "topic": str(view[topic_at + 1:props_at], "utf-8", "replace"),
+        "topic": str(view[topic_at + 1 : props_at], "utf-8", "replace"),
         "queueId": queue_id,
         "queueOffset": queue_offset,
         "commitLogOffset": phys,

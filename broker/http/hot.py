@@ -135,14 +135,10 @@ class HotHandlers:
             end = start + 1
             while end < n and queue_ids[end] == queue_ids[start]:
                 end += 1
-            for r in await store.put_messages(topic, msgs[start:end], queue_ids[start]):
+            batch = msgs if start == 0 and end == n else msgs[start:end]
+            for msg_id, qid, qoff, phys, _ in await store.put_messages(topic, batch, queue_ids[start]):
                 results.append(
-                    {
-                        "msgId": r.msg_id,
-                        "queueId": r.queue_id,
-                        "queueOffset": r.queue_offset,
-                        "commitLogOffset": r.commit_log_offset,
-                    }
+                    {"msgId": msg_id, "queueId": qid, "queueOffset": qoff, "commitLogOffset": phys}
                 )
             start = end
         return results
