@@ -293,3 +293,18 @@ def find_data_loss(start: Mapping[str, Mapping[str, int]], states: Iterable[Queu
                 f"({s.min_offset - begin} messages lost)"
             )
     return problems
+
+
+def find_rewound(start: Mapping[str, Mapping[str, int]], states: Iterable[QueueState]) -> list[str]:
+    """Queues whose end is below the next offset to read (``start > max_offset``).
+
+    Either the topic was deleted and created again, or the member answering is still catching up
+    (a new master replaying its log after a failover), so this is only ever a warning: the queue
+    is simply not read until it grows past ``start`` again.
+    """
+    out = []
+    for s in states:
+        begin = start.get(s.topic, {}).get(s.key)
+        if begin is not None and begin > s.max_offset:
+            out.append(f"{s.topic}/{s.key}: next offset {begin} > latest available {s.max_offset}")
+    return out

@@ -40,6 +40,7 @@ from pipeline.offsets import (
     QueueState,
     backlog,
     find_data_loss,
+    find_rewound,
     merge_latest,
     plan_ranges,
     rate_limit,
@@ -200,6 +201,8 @@ class _Planner:
         return sort_offsets(out)
 
     def check_data_loss(self, start: Offsets, states: list[QueueState]) -> None:
+        for text in find_rewound(start, states):
+            log.warning("event=queue_behind_start detail=%s", text)
         problems = find_data_loss(start, states)
         if not problems:
             return

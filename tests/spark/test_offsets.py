@@ -14,6 +14,7 @@ from pipeline.offsets import (
     backlog,
     cap_to,
     find_data_loss,
+    find_rewound,
     merge_latest,
     offsets_to_json,
     parse_queue_key,
@@ -159,6 +160,10 @@ def test_find_data_loss_reports_deleted_offsets():
     problems = find_data_loss({"t": {"b:0": 40, "b:1": 10}}, states)
     assert problems == ["t/b:0: next offset 40 < earliest available 100 (60 messages lost)"]
     assert find_data_loss({"t": {"b:0": 100}}, states) == []
+    assert find_data_loss({"t": {"b:1": 60}}, states) == []
+    assert find_rewound({"t": {"b:0": 150, "b:1": 60}}, states) == [
+        "t/b:1: next offset 60 > latest available 50"
+    ]
 
 
 def test_states_to_offsets_rejects_unknown_use():

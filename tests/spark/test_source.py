@@ -125,6 +125,7 @@ def test_stop_and_restart_from_checkpoint_has_no_gap_and_no_duplicate(spark, clu
     assert read_parquet(spark, tmp_path / "out") == expected_map(produced, data + more)
 
 
+@pytest.mark.slow  # starts a second JVM (the job's driver)
 def test_sigkill_of_the_driver_then_restart_is_exactly_once(spark, cluster, topic_name, tmp_path):
     cluster.create_topic(topic_name, queues=4)
     data = bodies(3000, "c")
