@@ -16,6 +16,7 @@ Frame layout (big-endian), shared by the TCP transport and the in-memory network
 
 from __future__ import annotations
 
+import functools
 import struct
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -100,10 +101,15 @@ class RequestOrResponse:
         return off
 
 
+@functools.lru_cache(maxsize=1024)
+def _str_field(s: str) -> bytes:
+    """u16 length + UTF-8 of a header string (group and member ids repeat on every frame)."""
+    raw = s.encode()
+    return _U16.pack(len(raw)) + raw
+
+
 def _put_str(out: list[bytes], s: str | None) -> None:
-    raw = (s or "").encode()
-    out.append(_U16.pack(len(raw)))
-    out.append(raw)
+    out.append(_str_field(s or ""))
 
 
 def _get_str(buf: memoryview, off: int) -> tuple[str, int]:
@@ -434,7 +440,7 @@ def encode_frame(kind: int, request_id: int, msg: RequestOrResponse) -> bytes:
     _put_str(out, msg.leader_id)
     out.append(_COMMON_TAIL.pack(msg.term, msg.code))
     msg._enc(out)
-    body_len = sum(len(p) for p in out)
+    body_len = sum(map(len, out))
     out[0] = FRAME_HEAD.pack(body_len + FRAME_HEAD.size - 4, kind, msg.request_code, request_id)
     return b"".join(out)
 
