@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 MAX_PULL_MESSAGES = 1024
 DEFAULT_PULL_BYTES = 4 * 1024 * 1024  # = the store's default byte budget of one pull
 JSON = "application/json"
+_HOT_HEADERS = {
+    b"content-type": "content-type",
+    b"content-length": "content-length",
+    b"authorization": "authorization",
+}
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
@@ -228,7 +233,12 @@ class HotPath:
     async def __call__(
         self, kind: str, parts: list[str], scope: dict[str, Any], receive: Any, send: Any
     ) -> None:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        # Only the headers the hot routes read (decoding all of them cost ~1% of a produce).
+        headers = {}
+        for k, v in scope["headers"]:
+            name = _HOT_HEADERS.get(k) or _HOT_HEADERS.get(k.lower())
+            if name is not None:
+                headers[name] = v.decode("latin-1")
         topic = unquote(parts[0])
         try:
             qs = scope.get("query_string") or b""
