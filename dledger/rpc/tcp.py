@@ -36,6 +36,7 @@ log = logging.getLogger("dledger.rpc.tcp")
 _BACKOFF_MIN_S = 0.05
 _BACKOFF_MAX_S = 0.5
 _CONNECT_TIMEOUT_S = 1.0
+_MAX_UNSENT_BYTES = 64 * 1024 * 1024
 
 
 class _FrameConnection(asyncio.Protocol):
@@ -274,6 +275,10 @@ class TcpRpcService(RpcService):
         conn = peer.conn
         if conn is None or conn.closed:
             conn = await self._connect(peer)
+        transport = conn.transport
+        if transport is not None and transport.get_write_buffer_size() > _MAX_UNSENT_BYTES:
+            # The peer is not reading (stopped, or far slower than us): fail fast rather than buffer more.
+            raise DLedgerException(DLedgerResponseCode.NETWORK_ERROR, f"{peer_id} is not reading its socket")
         loop = asyncio.get_running_loop()
         rid = next(self._ids)
         fut = loop.create_future()
