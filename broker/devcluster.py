@@ -155,16 +155,19 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     print(f"Starting name server and broker-a (n0, n1, n2); logs in {cluster.log_dir}", flush=True)
     cluster.start()
+    failed = True  # until the loop below says otherwise; keeps the logs of a failed start
     try:
         master = cluster.wait_master(args.wait_master_s) if not stop_requested else None
         if not stop_requested:
             print(banner(master, cluster), flush=True)
         last = master
+        failed = False
         while not stop_requested:
             time.sleep(0.5)
             cluster.check_exits()
             if len(cluster.reported) == len(cluster.procs):
                 print("  ! every process has exited", flush=True)
+                failed = True
                 break
             now = cluster.master()
             if now and now != last:
@@ -173,10 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         print("Stopping...", flush=True)
         cluster.stop()
-        if temp:
+        failed = failed and not stop_requested
+        if temp and not failed:
             shutil.rmtree(store_dir, ignore_errors=True)
+        elif failed:
+            print(f"Logs kept in {cluster.log_dir}", flush=True)
         print("Stopped.", flush=True)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
