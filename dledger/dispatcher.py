@@ -31,6 +31,7 @@ log = logging.getLogger("dledger.dispatcher")
 
 _COMMIT_INTERVAL_S = 1.0
 _COMMIT_DELAY_S = 0.002
+_SMALL_BATCHES_IN_FLIGHT = 2
 _NETWORK_BACKOFF_S = 0.1
 
 
@@ -262,6 +263,14 @@ class EntryDispatcher:
                 entries.append(e)
                 size += e.size
                 i += 1
+            if (
+                len(self.inflight) >= _SMALL_BATCHES_IN_FLIGHT
+                and len(entries) < max_count
+                and size < max_bytes
+            ):
+                # Like Nagle: with pushes already in flight, let a partial batch grow until an
+                # answer arrives (full batches still pipeline). Many small appends then share pushes.
+                break
             self.quota_bytes += size
             req = self._request(PushType.APPEND, entries)
             if self.raw_reader is not None and len(entries) > 1:

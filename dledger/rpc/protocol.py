@@ -431,13 +431,40 @@ RESPONSE_TYPES: dict[int, type[RequestOrResponse]] = {
 }
 
 
+@functools.lru_cache(maxsize=4096)
+def _header_strs(group: str, remote_id: str, local_id: str, leader_id: str) -> bytes:
+    """The four header strings, encoded (the same few combinations repeat on every frame)."""
+    return b"".join(_str_field(x) for x in (group, remote_id, local_id, leader_id))
+
+
+_HEADER_DECODE_CACHE: dict[bytes, tuple[str, str, str, str]] = {}
+
+
+def _read_header_strs(body: memoryview) -> tuple[tuple[str, str, str, str], int]:
+    """Decode the four header strings; the decoded tuple is cached by its raw bytes."""
+    off = 0
+    for _ in range(4):
+        (n,) = _U16.unpack_from(body, off)
+        off += 2 + n
+    if off > len(body):
+        raise DLedgerException(DLedgerResponseCode.UNEXPECTED_ARGUMENT, "frame string overruns frame")
+    raw = bytes(body[:off])
+    strs = _HEADER_DECODE_CACHE.get(raw)
+    if strs is None:
+        group, o = _get_str(body, 0)
+        remote_id, o = _get_str(body, o)
+        local_id, o = _get_str(body, o)
+        leader_id, o = _get_str(body, o)
+        strs = (group, remote_id, local_id, leader_id)
+        if len(_HEADER_DECODE_CACHE) >= 4096:  # bounded: a peer sending random ids cannot grow it
+            _HEADER_DECODE_CACHE.clear()
+        _HEADER_DECODE_CACHE[raw] = strs
+    return strs, off
+
+
 def encode_frame(kind: int, request_id: int, msg: RequestOrResponse) -> bytes:
     """One complete frame (length prefix included) for `msg`."""
-    out: list[bytes] = [b""]
-    _put_str(out, msg.group)
-    _put_str(out, msg.remote_id)
-    _put_str(out, msg.local_id)
-    _put_str(out, msg.leader_id)
+    out: list[bytes] = [b"", _header_strs(msg.group, msg.remote_id, msg.local_id, msg.leader_id or "")]
     out.append(_COMMON_TAIL.pack(msg.term, msg.code))
     msg._enc(out)
     body_len = sum(map(len, out))
@@ -454,10 +481,7 @@ def decode_frame_body(kind: int, rtype: int, body: memoryview) -> RequestOrRespo
         raise DLedgerException(DLedgerResponseCode.UNEXPECTED_ARGUMENT, f"unknown request type {rtype}")
     msg = cls()
     try:
-        msg.group, off = _get_str(body, 0)
-        msg.remote_id, off = _get_str(body, off)
-        msg.local_id, off = _get_str(body, off)
-        msg.leader_id, off = _get_str(body, off)
+        (msg.group, msg.remote_id, msg.local_id, msg.leader_id), off = _read_header_strs(body)
         msg.term, msg.code = _COMMON_TAIL.unpack_from(body, off)
         off = msg._dec(body, off + _COMMON_TAIL.size)
     except (struct.error, UnicodeDecodeError) as exc:  # a frame string that is not UTF-8
