@@ -183,14 +183,26 @@ class DLedgerCommitLog:
             results = await self.server.append([bytes(b) for b in bufs])
         except DLedgerException as exc:
             raise self._broker_error(exc) from None
+        first = self._stamped(results[0].pos + BODY_OFFSET)
+        last = self._stamped(results[-1].pos + BODY_OFFSET)
+        n = len(results)
+        if last[0] == first[0] and last[1] == first[1] + n - 1:
+            # One batch is appended in one synchronous call, so the hook numbered its messages
+            # consecutively: two header reads instead of one per message.
+            qid, qoff = first
+            return [(r.pos + BODY_OFFSET, len(b), qid, qoff + i)
+                    for i, (r, b) in enumerate(zip(results, bufs, strict=True))]
         out = []
         for res, buf in zip(results, bufs, strict=True):
             phys = res.pos + BODY_OFFSET
-            head = self.dstore.get_data(phys, QUEUE_OFFSET_POSITION + 8)
-            qid = _INT.unpack_from(head, 12)[0]
-            qoff = _LONG.unpack_from(head, QUEUE_OFFSET_POSITION)[0]
+            qid, qoff = self._stamped(phys)
             out.append((phys, len(buf), qid, qoff))
         return out
+
+    def _stamped(self, phys: int) -> tuple[int, int]:
+        """(QUEUEID, QUEUEOFFSET) of the message at `phys`, as the append hook stamped them."""
+        head = self.dstore.get_data(phys, QUEUE_OFFSET_POSITION + 8)
+        return _INT.unpack_from(head, QUEUE_ID_POSITION)[0], _LONG.unpack_from(head, QUEUE_OFFSET_POSITION)[0]
 
     def _broker_error(self, exc: DLedgerException) -> BrokerError:
         code = exc.code
@@ -246,12 +258,16 @@ class DLedgerCommitLog:
             if entry.magic == MAGIC_NORMAL and entry.size - BODY_OFFSET >= FIXED_OVERHEAD:
                 phys = entry.pos + BODY_OFFSET
                 if phys >= store.reput_offset:
-                    try:
-                        data = self.dstore.get_data(phys, entry.size - BODY_OFFSET)
-                    except DLedgerException as exc:
-                        log.error("event=dispatch_read_failed %s index=%d pos=%d reason=%s", self._ctx,
-                                  entry.index, entry.pos, exc)
-                    else:
-                        if _INT.unpack_from(data, 4)[0] == MESSAGE_MAGIC_CODE:
-                            store.dispatch(data, phys)
+                    # The caller read the entry (index record, CRC) with its body: dispatch from
+                    # it rather than reading the data file a second time.
+                    data: bytes | memoryview | None = entry.body
+                    if data is None or len(data) != entry.size - BODY_OFFSET:
+                        try:
+                            data = self.dstore.get_data(phys, entry.size - BODY_OFFSET)
+                        except DLedgerException as exc:
+                            log.error("event=dispatch_read_failed %s index=%d pos=%d reason=%s", self._ctx,
+                                      entry.index, entry.pos, exc)
+                            data = None
+                    if data is not None and _INT.unpack_from(data, 4)[0] == MESSAGE_MAGIC_CODE:
+                        store.dispatch(data, phys)
             self.applied_index = entry.index
