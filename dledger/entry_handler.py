@@ -59,6 +59,7 @@ class EntryHandler:
         self.waiting: dict[
             int, tuple[PushEntryRequest, asyncio.Future[PushEntryResponse], asyncio.TimerHandle]
         ] = {}
+        self.gap_since: dict[int, float] = {}  # first index of a parked push -> first arrival
         self.wait_timeout_s = config.max_push_time_out_ms / 1000
         self.max_waiting = max(2 * config.max_pending_push_batches, 8)
 
@@ -91,10 +92,12 @@ class EntryHandler:
                 return self._resp(req, DLedgerResponseCode.SUCCESS, self.store.ledger_end_index)
             if len(req.entries) != 1:
                 return self._resp(req, DLedgerResponseCode.UNEXPECTED_ARGUMENT)
-            if ptype == PushType.COMPARE:
-                return self._handle_compare(req)
-            if ptype == PushType.TRUNCATE:
-                return self._handle_truncate(req)
+            if ptype in (PushType.COMPARE, PushType.TRUNCATE):
+                resp = self._handle_compare(req) if ptype == PushType.COMPARE else self._handle_truncate(req)
+                if resp.code == DLedgerResponseCode.SUCCESS and self.config.sync_flush:
+                    # The leader counts the matched index as our watermark: it must be on disk.
+                    await self.store.wait_flushed(resp.index)
+                return resp
         except DLedgerException as exc:
             log.warning(
                 "push type=%s from %s term=%d failed group=%s selfId=%s: %s",
@@ -134,6 +137,7 @@ class EntryHandler:
             if not fut.done():
                 fut.set_result(self._resp(wreq, DLedgerResponseCode.INCONSISTENT_STATE))
         self.waiting.clear()
+        self.gap_since.clear()
 
     def _handle_truncate(self, req: PushEntryRequest) -> PushEntryResponse:
         e = req.entries[0]
@@ -189,15 +193,21 @@ class EntryHandler:
 
     async def _park(self, req: PushEntryRequest, first: int) -> PushEntryResponse:
         loop = asyncio.get_running_loop()
+        now = loop.time()
+        since = now
         old = self.waiting.pop(first, None)
         if old is not None:
             old[2].cancel()
+            since = self.gap_since.get(first, now)
             if not old[1].done():
                 old[1].set_result(self._resp(old[0], DLedgerResponseCode.REPEATED_PUSH))
         elif len(self.waiting) >= self.max_waiting:
             return self._resp(req, DLedgerResponseCode.PUSH_REQUEST_IS_FULL)
+        # The deadline counts from the first push for this index: a leader resending on its own
+        # timeout must not keep a gap (entries we lost in a crash) waiting forever.
+        self.gap_since[first] = since
         fut: asyncio.Future[PushEntryResponse] = loop.create_future()
-        handle = loop.call_later(self.wait_timeout_s, self._expire, first, fut)
+        handle = loop.call_later(max(since + self.wait_timeout_s - now, 0.001), self._expire, first, fut)
         self.waiting[first] = (req, fut, handle)
         return await fut
 
@@ -205,6 +215,7 @@ class EntryHandler:
         item = self.waiting.get(first)
         if item is not None and item[1] is fut:
             del self.waiting[first]
+            self.gap_since.pop(first, None)
             if not fut.done():
                 log.info(
                     "push at %d waited for %d too long group=%s selfId=%s",
@@ -221,6 +232,7 @@ class EntryHandler:
             if first > self.store.ledger_end_index + 1:
                 return
             req, fut, handle = self.waiting.pop(first)
+            self.gap_since.pop(first, None)
             handle.cancel()
             if fut.done():
                 continue
@@ -273,3 +285,4 @@ class EntryHandler:
                 if not fut.done():
                     fut.set_result(self._resp(wreq, DLedgerResponseCode.INCONSISTENT_STATE))
             self.waiting.clear()
+        self.gap_since.clear()
