@@ -233,10 +233,9 @@ async def coordinated_power_loss(ctx: Ctx, cycles: int = 2) -> None:
 
 @fault
 async def test_row08_coordinated_power_loss_sync_flush(tmp_path: Path) -> None:
-    """Known open bug this row catches intermittently (docs/RELIABILITY.md finding 5): a consume
-    queue's unfsynced tail is lost while DefaultMessageStore.start() resumes the reput at the
-    largest max_phys_end of all queues, so the lost units are never rebuilt (`event=cq_gap`, a hole
-    in that member's final read)."""
+    """Caught docs/RELIABILITY.md finding 5 (fixed): a consume queue's unfsynced tail was lost
+    while DefaultMessageStore.start() resumed the reput at the largest max_phys_end of all queues,
+    so the lost units were never rebuilt (`event=cq_gap`, a hole in that member's final read)."""
     report = await run_scenario("row08_coordinated_power_loss", 8, tmp_path, coordinated_power_loss,
                                 duration_s=8,
                                 cluster_kwargs={"record_fsync": True, "flush_disk_type": "SYNC_FLUSH"})
