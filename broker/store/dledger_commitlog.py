@@ -223,9 +223,10 @@ class DLedgerCommitLog:
 
     def get_data(self, phys: int, size: int) -> memoryview:
         """Bytes of a committed message straight from the DLedger data files. Readable: below the
-        committed position, or below what was dispatched (committed earlier; after a restart the
-        committed position is learnt again from the leader)."""
-        end = max(self.max_offset, self.store.reput_offset)
+        committed position, or below what was dispatched (committed earlier, including what any
+        consume queue held at start; after a restart the committed position is learnt again from
+        the leader)."""
+        end = max(self.max_offset, self.store.reput_offset, self.store.recovered_end)
         if size <= 0 or phys < self.min_offset or phys + size > end:
             raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND, f"commit-log offset {phys} size {size} outside "
                               f"committed range [{self.min_offset}, {end})", commitLogOffset=phys)

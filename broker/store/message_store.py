@@ -131,6 +131,7 @@ class DefaultMessageStore:
         # Role state, owned by BrokerController / DLedgerRoleChangeHandler; local mode is always master.
         self.is_master = not self.dledger
         self.reput_offset = 0  # everything below this commit-log offset is dispatched
+        self.recovered_end = 0  # end of the furthest consume queue at start (all of it committed)
         self._system_handlers: dict[str, Callable[[dict[str, Any]], None]] = {
             SYS_TOPIC_CONFIG: self.topics.apply_record,
             SYS_CONSUMER_OFFSETS: self.offsets.apply_record,
@@ -173,6 +174,9 @@ class DefaultMessageStore:
         # Units still present are skipped by put_unit (found by the fault suite, row 8).
         self.reput_offset = max(min((cq.max_phys_end for cq in self.consume_queues.values()),
                                     default=self.commit_log.min_offset), self.commit_log.min_offset)
+        # Every unit a consume queue still holds was dispatched, so committed: readable (system
+        # record replay, pulls) up to the furthest queue's end before the leader is known again.
+        self.recovered_end = max((cq.max_phys_end for cq in self.consume_queues.values()), default=0)
         store_recovery.correct_min_offsets(self)
         self.recover_topic_queue_table()
         store_recovery.replay_system_records(self)
