@@ -311,6 +311,11 @@ class EntryDispatcher:
         if isinstance(view, memoryview):
             view.release()
 
+    def cancel_sends(self) -> None:
+        """Shutdown: drop every push still waiting for its answer."""
+        for t in list(self._tasks):
+            t.cancel()
+
     def _send(self, req: PushEntryRequest) -> None:
         self.last_push_time = self.pusher.clock()
         task = asyncio.get_running_loop().create_task(self._send_and_handle(req, self.generation))

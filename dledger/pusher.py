@@ -92,6 +92,8 @@ class DLedgerEntryPusher:
             self._tasks.append(loop.create_task(self._own_flush_loop()))
 
     async def shutdown(self, code: DLedgerResponseCode = DLedgerResponseCode.NOT_LEADER) -> None:
+        for d in self.dispatchers.values():
+            d.cancel_sends()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

@@ -181,10 +181,7 @@ class DLedgerServer:
             futures = [p.future for p in self.pusher.pending]
             await asyncio.wait(futures, timeout=_SHUTDOWN_DRAIN_S)
         await self.elector.shutdown()
-        await self.pusher.shutdown()
-        for d in self.pusher.dispatchers.values():
-            for t in list(d._tasks):
-                t.cancel()
+        await self.pusher.shutdown()  # also cancels the dispatchers' in-flight pushes
         await self.rpc.shutdown()
         if graceful:
             for c in self._callers:
@@ -192,8 +189,7 @@ class DLedgerServer:
             await self.store.shutdown()
         else:
             for c in self._callers:
-                if c._task is not None:
-                    c._task.cancel()
+                c.abort()
         self.started = False
         log.info("stopped group=%s selfId=%s graceful=%s", self.config.group, self.config.self_id, graceful)
 

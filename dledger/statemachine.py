@@ -81,6 +81,12 @@ class StateMachineCaller:
             await self.machine.on_apply(entries)
             self.applied_index = stop
 
+    def abort(self) -> None:
+        """Stop at once (a simulated crash): no final apply, no on_shutdown."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
     async def shutdown(self) -> None:
         """Apply what is committed, stop, then tell the machine."""
         if self._task is not None:
