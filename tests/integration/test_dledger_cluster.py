@@ -308,3 +308,13 @@ async def test_leadership_transfer_to_named_member_then_appends_continue(group: 
         end = await wait_caught_up(c, group.ids, 10.0)
         logs = [await read_log(c, m, end) for m in group.ids]
         assert logs[0] == logs[1] == logs[2]
+
+
+def test_node_cli_refuses_a_bad_config_naming_the_problem(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dledger", "--group", "g", "--self-id", "n5", "--peers", "n0-127.0.0.1:1",
+         "--store-dir", str(tmp_path)],
+        cwd=REPO, capture_output=True, timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert b"selfId 'n5' is not in peers" in proc.stderr
