@@ -74,6 +74,18 @@ class Cluster:
                 p.wait()
 
 
+def rss_mb(pid: int) -> float:
+    """Anonymous resident memory of a member process (Linux /proc `RssAnon`), in MB; -1 when it is
+    gone. File-backed pages of the mmapped store are left out: the kernel reclaims those freely."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return -1.0
+
+
 def pct(sorted_vals: list[float], q: float) -> float:
     if not sorted_vals:
         return float("nan")
@@ -122,10 +134,12 @@ async def bench_cluster(flush: str, cases: list[tuple[int, int, int]], seconds: 
                 for body, inflight, batch in cases:
                     r = await run_case(c, body, inflight, batch, seconds)
                     r["flush"] = flush
+                    # Resident memory must not grow with the number of stored entries (leader cache).
+                    r["rss_mb"] = {m: rss_mb(p.pid) for m, p in zip(cluster.ids, cluster.procs, strict=True)}
                     results.append(r)
                     print(f"{flush:11} body={body:5} inflight={inflight:4} batch={batch:4} "
                           f"{r['entries_per_s']:>8}/s p50={r['p50_ms']:>7}ms p99={r['p99_ms']:>7}ms "
-                          f"errors={r['errors']}", flush=True)  # fmt: skip
+                          f"errors={r['errors']} rss_mb={max(r['rss_mb'].values())}", flush=True)  # fmt: skip
                 mds = [await c.metadata(m) for m in cluster.ids]
                 terms = {md["term"] for md in mds}
                 return {"results": results, "elections_during_run": max(terms) - term0,

@@ -34,9 +34,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dledger.pusher")
 
-# Recently appended entries kept in memory so dispatchers do not re-read (and re-check) them.
-_CACHE_MAX_ENTRIES = 200_000
-_CACHE_MAX_BYTES = 256 * 1024 * 1024
+# Recently appended entries kept in memory so dispatchers do not re-read (and re-check) them. Entries
+# every follower already holds are dropped as watermarks move (see _trim_cache); the caps only bound
+# the cache while a follower lags or is down (it then reads from the store), so resident memory does
+# not grow with the number of stored entries.
+_CACHE_MAX_ENTRIES = 32_768
+_CACHE_MAX_BYTES = 32 * 1024 * 1024
 _SWEEP_INTERVAL_S = 0.1
 
 
@@ -162,6 +165,19 @@ class DLedgerEntryPusher:
         for d in self.dispatchers.values():
             d.wake.set()
 
+    def _trim_cache(self) -> None:
+        """Drop cached entries at or below the lowest follower watermark: no dispatcher pushes them
+        again (a resend starts after the follower's watermark; COMPARE reads the store)."""
+        self_id = self.ms.self_id
+        low = min((w for p, w in self.peer_water_marks.items() if p != self_id), default=-1)
+        cache = self._cache
+        drop = min(low - self._cache_base + 1, len(cache))
+        if drop <= 0:
+            return
+        for _ in range(drop):
+            self._cache_bytes -= cache.popleft().size
+        self._cache_base += drop
+
     def get_entry(self, index: int) -> DLedgerEntry:
         """An entry of the leader's log, from the cache when recent."""
         off = index - self._cache_base
@@ -214,6 +230,8 @@ class DLedgerEntryPusher:
         if term != self.term or index <= self.peer_water_marks.get(peer, -1):
             return
         self.peer_water_marks[peer] = index
+        if peer != self.ms.self_id:
+            self._trim_cache()
         if self._catch_up_waiters:
             keep = []
             for p, target, fut in self._catch_up_waiters:
