@@ -26,7 +26,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 fault: $(STAMP)
-	$(BIN)/python -m pytest -q -m 'fault or fault_full' tests/fault
+	$(BIN)/python -m pytest -q -m 'fault or fault_full' tests/fault; rc=$$?; \
+	$(BIN)/python -m tests.fault.report; exit $$rc
 
 bench: $(STAMP)
 	for b in bench/*_bench.py; do $(BIN)/python $$b || exit 1; done
