@@ -256,11 +256,16 @@ class EntryHandler:
             if local_term != req.prev_term:
                 return self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE)
         leader_term, leader_id = req.term, req.leader_id
-        for e in req.entries:
+        entries = req.entries
+        if entries[0].index == store.ledger_end_index + 1:
+            # The common case: the whole push follows our end — validated and written as one run.
+            store.batch_append_as_follower(entries, leader_term, leader_id, req.raw or None)
+            entries = []
+        for i, e in enumerate(entries):
             end = store.ledger_end_index
             if e.index == end + 1:
-                store.append_as_follower(e, leader_term, leader_id)
-                continue
+                store.batch_append_as_follower(entries[i:], leader_term, leader_id)
+                break
             local = store.get(e.index)
             if local.term == e.term:
                 continue  # a duplicate of what we hold (same index and term: same entry, Raft §5.3)

@@ -77,7 +77,7 @@ class StateMachineCaller:
         while self.applied_index < store.committed_index:
             start = max(self.applied_index + 1, store.ledger_begin_index)
             stop = min(store.committed_index, start + _APPLY_BATCH - 1)
-            entries = [store.get(i) for i in range(start, stop + 1)]
+            entries = store.get_range(start, stop)  # one contiguous read, not a lookup per entry
             await self.machine.on_apply(entries)
             self.applied_index = stop
 

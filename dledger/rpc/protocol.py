@@ -231,9 +231,10 @@ class PushEntryRequest(RequestOrResponse):
     prev_index: int = -1
     prev_term: int = -1
     entries: list[DLedgerEntry] = field(default_factory=list)
-    # Sender-side shortcut: the entries' exact stored bytes (contiguous in the leader's data file),
-    # sent instead of re-encoding each entry. The receiver always sees `entries`.
-    raw: bytes = b""
+    # The entries' exact encoding. Sender: the leader's stored bytes (contiguous in its data file),
+    # sent instead of re-encoding each entry. Receiver: a view of the frame's bytes for a batch, which
+    # a follower store may write as-is; `entries` is always decoded. Not part of equality.
+    raw: bytes | memoryview = field(default=b"", compare=False, repr=False)
     request_code: ClassVar[RequestCode] = RequestCode.PUSH
 
     def _enc(self, out: list[bytes]) -> None:
@@ -246,7 +247,12 @@ class PushEntryRequest(RequestOrResponse):
 
     def _dec(self, buf: memoryview, off: int) -> int:
         self.type, self.commit_index, self.prev_index, self.prev_term = _PUSH.unpack_from(buf, off)
+        start = off + _PUSH.size + 4
         self.entries, off = _get_entries(buf, off + _PUSH.size)
+        if len(self.entries) > 1:
+            # The entries' exact encoding, for a follower store that writes a run as-is (a view of
+            # the received frame, which is an immutable bytes object).
+            self.raw = buf[start:off]
         return off
 
 

@@ -45,8 +45,27 @@ class DLedgerStore(ABC):
         leader's pos, else DLedgerException (INCONSISTENT_INDEX / DISK_ERROR)."""
 
     @abstractmethod
+    def batch_append_as_follower(
+        self,
+        entries: Sequence[DLedgerEntry],
+        leader_term: int,
+        leader_id: str,
+        raw: bytes | memoryview | None = None,
+    ) -> None:
+        """Append the leader's contiguous run (first index end + 1, each entry at the leader's pos,
+        right after the one before it). The whole run is validated first — index continuity, terms,
+        positions, body CRCs — and a refused run writes nothing (INCONSISTENT_INDEX /
+        INCONSISTENT_TERM / DISK_ERROR / DISK_FULL). `raw`, when given, is the run's exact encoding
+        as received (the leader's stored bytes) and may be written as-is."""
+
+    @abstractmethod
     def get(self, index: int) -> DLedgerEntry:
         """The entry at `index` (body CRC checked). INDEX_OUT_OF_RANGE outside [begin, end]."""
+
+    def get_range(self, first: int, last: int) -> list[DLedgerEntry]:
+        """Entries `first`..`last` inclusive (each checked as by `get`); stores override this with
+        a cheaper contiguous read."""
+        return [self.get(i) for i in range(first, last + 1)]
 
     @abstractmethod
     def truncate(self, entry: DLedgerEntry, leader_term: int, leader_id: str) -> int:

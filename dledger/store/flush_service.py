@@ -97,9 +97,13 @@ class FlushDataService:
             if data_targets or index_targets:
                 self.flush_rounds += 1
                 try:
-                    # Data and index in parallel: the round's latency is what waiters feel.
-                    await asyncio.gather(asyncio.to_thread(MmapFileList.fsync_files, data_targets),
-                                         asyncio.to_thread(MmapFileList.fsync_files, index_targets))
+                    if self._waiters and data_targets and index_targets:
+                        # Data and index in parallel: the round's latency is what waiters feel.
+                        await asyncio.gather(asyncio.to_thread(MmapFileList.fsync_files, data_targets),
+                                             asyncio.to_thread(MmapFileList.fsync_files, index_targets))
+                    else:
+                        # A periodic (ASYNC_FLUSH) round nobody waits for: one worker-thread call.
+                        await asyncio.to_thread(MmapFileList.fsync_files, data_targets + index_targets)
                 except OSError as e:
                     log.error("event=flush_failed group=%s selfId=%s error=%r", store.config.group,
                               store.config.self_id, e)

@@ -98,6 +98,40 @@ class DLedgerMemoryStore(DLedgerStore):
             )
         )
 
+    def batch_append_as_follower(
+        self,
+        entries: Sequence[DLedgerEntry],
+        leader_term: int,
+        leader_id: str,
+        raw: bytes | memoryview | None = None,
+    ) -> None:
+        """Validate the whole contiguous run (index, term, pos, body CRC), then append it; a refused
+        run appends nothing. `raw` (the received encoding) is not needed here."""
+        index, term, pos = self.ledger_end_index + 1, self.ledger_end_term, self._end_pos
+        for e in entries:
+            if e.index != index:
+                raise DLedgerException(
+                    DLedgerResponseCode.INCONSISTENT_INDEX,
+                    f"follower append index {e.index} != expected {index} (leader {leader_id})",
+                )
+            if e.term < term:
+                raise DLedgerException(
+                    DLedgerResponseCode.INCONSISTENT_TERM, f"entry {e.index} term {e.term} < {term}"
+                )
+            if e.pos != pos:
+                raise DLedgerException(
+                    DLedgerResponseCode.DISK_ERROR, f"entry {e.index} pos {e.pos} != local end pos {pos}"
+                )
+            if e.body_crc and e.body_crc != body_crc32(e.body):
+                raise DLedgerException(DLedgerResponseCode.DISK_ERROR, f"entry {e.index}: body CRC mismatch")
+            index, term, pos = index + 1, e.term, pos + BODY_OFFSET + len(e.body)
+        for e in entries:
+            self._append(
+                DLedgerEntry(
+                    body=e.body, magic=e.magic, index=e.index, term=e.term, pos=e.pos, channel=e.channel
+                )
+            )
+
     # -- reads ----------------------------------------------------------------------------
     def get(self, index: int) -> DLedgerEntry:
         if index < 0 or index > self.ledger_end_index:

@@ -326,6 +326,107 @@ class DLedgerMmapFileStore(DLedgerStore):
         self._write_follower_entry(entry, leader_id)
         return entry
 
+    def batch_append_as_follower(self, entries: Sequence[DLedgerEntry], leader_term: int, leader_id: str,
+                                 raw: bytes | memoryview | None = None) -> None:
+        """Append the leader's contiguous run `entries` (index end + 1 onwards, each at the leader's
+        pos) as one unit: everything is validated first (index continuity, terms, positions, sizes,
+        body CRCs), so a refused run writes nothing. When the run fits the current data file it is
+        one copy into the map — `raw`, the run's exact encoding as received, written as-is — and one
+        slice of index records; a run crossing a file end goes entry by entry (each pos checked,
+        rolled back whole on failure)."""
+        n = len(entries)
+        if n == 0:
+            return
+        self._check_append(max(len(e.body) for e in entries))
+        index = self.ledger_end_index + 1
+        term = self.ledger_end_term
+        first_pos = pos = entries[0].pos
+        contiguous = True
+        crc32 = zlib.crc32
+        for e in entries:
+            body = e.body
+            if e.index != index:
+                raise DLedgerException(_E.INCONSISTENT_INDEX, f"entry index {e.index} from leader "
+                                       f"{leader_id} (term {leader_term}) != expected {index} (local end "
+                                       f"{self.ledger_end_index})")
+            if e.term < term:
+                raise DLedgerException(_E.INCONSISTENT_TERM, f"entry {e.index} term {e.term} < term {term} "
+                                       f"before it (leader {leader_id}, term {leader_term})")
+            if e.pos != pos:
+                contiguous = False  # the leader rolled to a new data file (or pos is wrong): slow path
+            self._check_encodable(e)
+            size = BODY_OFFSET + len(body)
+            if e.size and e.size != size:
+                raise DLedgerException(_E.DISK_ERROR, f"entry {e.index} from leader {leader_id}: size "
+                                       f"{e.size} != {BODY_OFFSET} + body {len(body)}")
+            crc = crc32(body)
+            crc -= (crc & _CRC_FIX) << 1
+            if e.body_crc != crc:
+                if e.body_crc:
+                    raise DLedgerException(_E.DISK_ERROR, f"entry {e.index} from leader {leader_id}: body "
+                                           f"CRC {e.body_crc} != computed {crc}")
+                raw = None  # an unset CRC is stamped here: the received bytes are not what we store
+            e.size = size
+            e.body_crc = crc
+            term = e.term
+            index += 1
+            pos = e.pos + size
+        total = pos - first_pos
+        dl = self.data_file_list
+        mf = dl.files[-1] if dl.files else None
+        if not contiguous or mf is None or mf.file_size - mf.wrote_pos < total + MIN_BLANK_LEN:
+            self._append_follower_run_slowly(entries, leader_id)
+            return
+        off = mf.wrote_pos
+        if mf.file_from_offset + off != first_pos:
+            raise DLedgerException(_E.DISK_ERROR, f"entry {entries[0].index} from leader {leader_id} is at "
+                                   f"pos {first_pos} but would land at local pos {mf.file_from_offset + off}")
+        first_index = entries[0].index
+        records = bytearray(n * INDEX_UNIT_SIZE)
+        pack_index = INDEX_RECORD.pack_into
+        mf.wrote_pos = off + total
+        try:
+            mm = mf.mm
+            if raw is not None and len(raw) == total:
+                mm[off:off + total] = raw
+            else:
+                pack_header = HEADER.pack_into
+                o = off
+                for e in entries:
+                    size = e.size
+                    pack_header(mm, o, e.magic, size, e.index, e.term, e.pos, e.channel, e.chain_crc,
+                                e.body_crc, size - BODY_OFFSET)
+                    mm[o + BODY_OFFSET:o + size] = e.body
+                    o += size
+            roff = 0
+            for e in entries:
+                pack_index(records, roff, e.magic, e.pos, e.size, e.index, e.term)
+                roff += INDEX_UNIT_SIZE
+            self._append_index_records(records, first_index, first_pos)
+        except BaseException:
+            dl.truncate_offset(first_pos)
+            raise
+        self.ledger_end_index = index - 1
+        self.ledger_end_term = term
+        if self.ledger_begin_index == -1:
+            self.ledger_begin_index = first_index
+            self._data_begin_pos = first_pos
+
+    def _append_follower_run_slowly(self, entries: Sequence[DLedgerEntry], leader_id: str) -> None:
+        """A validated run that crosses a data-file end: entry by entry, all or nothing."""
+        end_index, end_term = self.ledger_end_index, self.ledger_end_term
+        begin_index, data_begin = self.ledger_begin_index, self._data_begin_pos
+        try:
+            for e in entries:
+                self._write_follower_entry(e, leader_id)
+        except BaseException:
+            if self.ledger_end_index != end_index:
+                self.data_file_list.truncate_offset(entries[0].pos)
+                self.index_file_list.truncate_offset(entries[0].index * INDEX_UNIT_SIZE)
+                self.ledger_end_index, self.ledger_end_term = end_index, end_term
+                self.ledger_begin_index, self._data_begin_pos = begin_index, data_begin
+            raise
+
     def _write_follower_entry(self, entry: DLedgerEntry, leader_id: str) -> None:
         body = entry.body
         size = BODY_OFFSET + len(body)
@@ -405,6 +506,56 @@ class DLedgerMmapFileStore(DLedgerStore):
         if actual - ((actual & _CRC_FIX) << 1) != crc:
             raise DLedgerException(_E.DISK_ERROR, f"body CRC mismatch at index {index} pos {pos}")
         return DLedgerEntry(body, magic, eindex, term, epos, channel, chain_crc, crc, esize)
+
+    def get_range(self, first: int, last: int) -> list[DLedgerEntry]:
+        """Entries `first`..`last` with the checks of `get` (index record, header, body CRC), reading
+        each index file's records in one pass and looking a data file up only when the run leaves it."""
+        if first > last:
+            return []
+        if first < self.ledger_begin_index or last > self.ledger_end_index or first < 0:
+            raise DLedgerException(_E.INDEX_OUT_OF_RANGE, f"range {first}..{last} outside "
+                                   f"[{self.ledger_begin_index}, {self.ledger_end_index}]")
+        out: list[DLedgerEntry] = []
+        ifl, dfl = self.index_file_list, self.data_file_list
+        ifiles, dfiles = ifl.files, dfl.files
+        unpack_header = HEADER.unpack_from
+        crc32 = zlib.crc32
+        mf = None
+        lo = hi = 0
+        i = first
+        while i <= last:
+            ipos = i * INDEX_UNIT_SIZE
+            k = (ipos - ifiles[0].file_from_offset) // ifl.file_size if ifiles else -1
+            if not 0 <= k < len(ifiles):
+                raise DLedgerException(_E.DISK_ERROR, f"no index file holds the record of index {i}")
+            imf = ifiles[k]
+            local = ipos - imf.file_from_offset
+            n = min(last - i + 1, (imf.file_size - local) // INDEX_UNIT_SIZE)
+            records = imf.mm[local:local + n * INDEX_UNIT_SIZE]
+            for _, pos, size, rec_index, _ in INDEX_RECORD.iter_unpack(records):
+                if mf is None or not lo <= pos < hi:
+                    kd = (pos - dfiles[0].file_from_offset) // dfl.file_size if dfiles else -1
+                    if not 0 <= kd < len(dfiles):
+                        raise DLedgerException(_E.DISK_ERROR, f"index record of index {i} (pos {pos}) does "
+                                               f"not point into the data files")
+                    mf = dfiles[kd]
+                    lo, hi = mf.file_from_offset, mf.file_from_offset + mf.wrote_pos
+                off = pos - lo
+                if rec_index != i or pos + size > hi:
+                    raise DLedgerException(_E.DISK_ERROR, f"index record of index {i} (index {rec_index}, "
+                                           f"pos {pos}, size {size}) does not match the data files")
+                mm = mf.mm
+                magic, esize, eindex, term, epos, channel, chain_crc, crc, blen = unpack_header(mm, off)
+                if esize != size or eindex != i or epos != pos or blen + BODY_OFFSET != esize:
+                    raise DLedgerException(_E.DISK_ERROR, f"entry at pos {pos} (index {eindex}, pos {epos}, "
+                                           f"size {esize}) does not match index record (index {i})")
+                body = mm[off + BODY_OFFSET:off + esize]
+                actual = crc32(body)
+                if actual - ((actual & _CRC_FIX) << 1) != crc:
+                    raise DLedgerException(_E.DISK_ERROR, f"body CRC mismatch at index {i} pos {pos}")
+                out.append(DLedgerEntry(body, magic, eindex, term, epos, channel, chain_crc, crc, esize))
+                i += 1
+        return out
 
     def get_data(self, pos: int, size: int) -> memoryview:
         """Zero-copy view of written data-file bytes (never across a file end)."""
