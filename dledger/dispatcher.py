@@ -189,6 +189,9 @@ class EntryDispatcher:
         if truncate_needed:
             truncate_index = max(match, store.ledger_begin_index, 0)
             if truncate_index > store.ledger_end_index:
+                # Our log is empty: a leader whose no-op has not gone in yet (disk full). Wait for
+                # an append (it wakes us) instead of spinning through COMPARE.
+                await self._wait(_NETWORK_BACKOFF_S)
                 return
             resp = await self._push_one(PushType.TRUNCATE, self.pusher.get_entry(truncate_index))
             if resp is None or resp.code != DLedgerResponseCode.SUCCESS or self.term != term:

@@ -49,6 +49,9 @@ from dledger.store.base import DLedgerStore
 log = logging.getLogger("dledger.server")
 
 _SHUTDOWN_DRAIN_S = 1.0
+# A new leader whose no-op append fails (disk full) retries with this backoff until it goes in.
+_NOOP_RETRY_MIN_S = 0.05
+_NOOP_RETRY_MAX_S = 1.0
 _MAX_GET_COUNT = 10_000
 
 
@@ -118,6 +121,9 @@ class DLedgerServer:
         self._commit_callbacks: list[Callable[[], None]] = []
         self.started = False
         self._stopping = False
+        self._noop_term = -1  # the leader term whose no-op is in our log
+        self._noop_error: DLedgerResponseCode | None = None  # why the current term's no-op failed
+        self._noop_task: asyncio.Task[None] | None = None
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
@@ -146,10 +152,72 @@ class DLedgerServer:
 
     def _on_role_change(self, term: int, role: Role) -> None:
         self.entry_handler.on_role_change()
+        if self._noop_task is not None:
+            self._noop_task.cancel()
+            self._noop_task = None
+        self._noop_error = None
         if role == Role.LEADER:
             # Raft §8: a no-op in our own term, before any client append, commits earlier terms' entries.
+            exc = self._append_noop(term)
+            if exc is not None:
+                # Typically DISK_FULL on every member: stay leader, refuse appends (DISK_FULL /
+                # LEADER_NOT_READY) and retry until the space is freed.
+                self._noop_error = exc.code
+                log.warning(
+                    "event=leader_noop_failed group=%s selfId=%s term=%d code=%s: appends refused until "
+                    "it goes in (retrying): %s",
+                    self.config.group, self.config.self_id, term, exc.code.name, exc,
+                )  # fmt: skip
+                self._noop_task = asyncio.get_running_loop().create_task(self._retry_noop(term))
+
+    def _append_noop(self, term: int) -> DLedgerException | None:
+        try:
             noop = self.store.append_as_leader(DLedgerEntry(body=b"", magic=MAGIC_NOOP), term)
-            self.pusher.on_leader_append([noop])
+        except DLedgerException as exc:
+            return exc
+        self._noop_term = term
+        self._noop_error = None
+        self.pusher.on_leader_append([noop])
+        return None
+
+    async def _retry_noop(self, term: int) -> None:
+        """Retry the leader's no-op with backoff while we lead `term`; log only when the reason
+        changes and once it succeeds."""
+        ms = self.member_state
+        delay = _NOOP_RETRY_MIN_S
+        while True:
+            await asyncio.sleep(delay)
+            if self._stopping or not ms.is_leader() or ms.curr_term != term:
+                return
+            exc = self._append_noop(term)
+            if exc is None:
+                log.info(
+                    "event=leader_noop_appended group=%s selfId=%s term=%d after retrying: appends accepted",
+                    self.config.group, self.config.self_id, term,
+                )  # fmt: skip
+                return
+            if exc.code != self._noop_error:
+                log.warning(
+                    "event=leader_noop_failed group=%s selfId=%s term=%d code=%s (retrying): %s",
+                    self.config.group, self.config.self_id, term, exc.code.name, exc,
+                )  # fmt: skip
+                self._noop_error = exc.code
+            delay = min(delay * 2, _NOOP_RETRY_MAX_S)
+
+    def write_refusal(self) -> DLedgerResponseCode | None:
+        """Why this member, being leader, cannot take appends right now: DISK_FULL (its store is
+        full, or its no-op failed for that reason) or LEADER_NOT_READY (no-op not in yet); None
+        when it is not leader or ready. The broker uses it to answer 507 instead of NOT_MASTER."""
+        ms = self.member_state
+        if ms.role != Role.LEADER:
+            return None
+        if self.store.is_disk_full:
+            return DLedgerResponseCode.DISK_FULL
+        if self._noop_term != ms.curr_term:
+            if self._noop_error == DLedgerResponseCode.DISK_FULL:
+                return DLedgerResponseCode.DISK_FULL
+            return DLedgerResponseCode.LEADER_NOT_READY
+        return None
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -180,6 +248,9 @@ class DLedgerServer:
         if graceful and self.pusher.pending:
             futures = [p.future for p in self.pusher.pending]
             await asyncio.wait(futures, timeout=_SHUTDOWN_DRAIN_S)
+        if self._noop_task is not None:
+            self._noop_task.cancel()
+            self._noop_task = None
         await self.elector.shutdown()
         await self.pusher.shutdown()  # also cancels the dispatchers' in-flight pushes
         await self.rpc.shutdown()
@@ -209,8 +280,10 @@ class DLedgerServer:
             raise DLedgerException(
                 DLedgerResponseCode.LEADER_PENDING_FULL, f"{self.pusher.pending_count} appends pending"
             )
-        if self.store.is_disk_full:
-            raise DLedgerException(DLedgerResponseCode.DISK_FULL, "store disk is full")
+        refusal = self.write_refusal()
+        if refusal is not None:
+            why = "store disk is full" if refusal == DLedgerResponseCode.DISK_FULL else "no-op not appended"
+            raise DLedgerException(refusal, f"leader of term {ms.curr_term} cannot append: {why}")
         term = ms.curr_term
         entries = self.store.batch_append_as_leader([DLedgerEntry(body=b) for b in bodies], term)
         self.pusher.on_leader_append(entries)

@@ -67,6 +67,7 @@ from broker.topics import (
     TopicConfigManager,
     validate_topic,
 )
+from dledger.codes import DLedgerResponseCode
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +243,11 @@ class DefaultMessageStore:
         return self.member_addrs.get(leader) if leader else None
 
     def not_master_error(self) -> BrokerError:
+        if self.dledger and self.commit_log.server.write_refusal() == DLedgerResponseCode.DISK_FULL:
+            # We are the DLedger leader but cannot write (not even the no-op / member record):
+            # the disk is the cause, so say so instead of sending the client round to ourselves.
+            return BrokerError(BrokerCode.DISK_FULL, f"broker {self.config.broker_name}: the DLedger "
+                               "store's disk is over diskFullRatio; writes resume once space is freed")
         addr = self.master_addr
         return BrokerError(BrokerCode.NOT_MASTER,
                            f"broker {self.config.broker_name} ({self.config.broker_addr}) is a slave; "
