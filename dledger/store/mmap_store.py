@@ -337,40 +337,52 @@ class DLedgerMmapFileStore(DLedgerStore):
         n = len(entries)
         if n == 0:
             return
-        self._check_append(max(len(e.body) for e in entries))
+        self._check_append(0)  # closed / disk full; body sizes are checked in the loop
         index = self.ledger_end_index + 1
         term = self.ledger_end_term
         first_pos = pos = entries[0].pos
         contiguous = True
         crc32 = zlib.crc32
+        records = bytearray(n * INDEX_UNIT_SIZE)  # built while validating; written only on success
+        pack_index = INDEX_RECORD.pack_into
+        roff = 0
         for e in entries:
             body = e.body
-            if e.index != index:
-                raise DLedgerException(_E.INCONSISTENT_INDEX, f"entry index {e.index} from leader "
+            eindex, eterm, epos, magic = e.index, e.term, e.pos, e.magic
+            if eindex != index:
+                raise DLedgerException(_E.INCONSISTENT_INDEX, f"entry index {eindex} from leader "
                                        f"{leader_id} (term {leader_term}) != expected {index} (local end "
                                        f"{self.ledger_end_index})")
-            if e.term < term:
-                raise DLedgerException(_E.INCONSISTENT_TERM, f"entry {e.index} term {e.term} < term {term} "
+            if eterm < term:
+                raise DLedgerException(_E.INCONSISTENT_TERM, f"entry {eindex} term {eterm} < term {term} "
                                        f"before it (leader {leader_id}, term {leader_term})")
-            if e.pos != pos:
+            if epos != pos:
                 contiguous = False  # the leader rolled to a new data file (or pos is wrong): slow path
-            self._check_encodable(e)
-            size = BODY_OFFSET + len(body)
-            if e.size and e.size != size:
-                raise DLedgerException(_E.DISK_ERROR, f"entry {e.index} from leader {leader_id}: size "
-                                       f"{e.size} != {BODY_OFFSET} + body {len(body)}")
+            blen = len(body)
+            if magic not in VALID_MAGICS or blen > MAX_BODY_SIZE:
+                self._check_append(blen)
+                self._check_encodable(e)
+            size = BODY_OFFSET + blen
+            if e.size != size and e.size:
+                raise DLedgerException(_E.DISK_ERROR, f"entry {eindex} from leader {leader_id}: size "
+                                       f"{e.size} != {BODY_OFFSET} + body {blen}")
             crc = crc32(body)
             crc -= (crc & _CRC_FIX) << 1
             if e.body_crc != crc:
                 if e.body_crc:
-                    raise DLedgerException(_E.DISK_ERROR, f"entry {e.index} from leader {leader_id}: body "
+                    raise DLedgerException(_E.DISK_ERROR, f"entry {eindex} from leader {leader_id}: body "
                                            f"CRC {e.body_crc} != computed {crc}")
                 raw = None  # an unset CRC is stamped here: the received bytes are not what we store
             e.size = size
             e.body_crc = crc
-            term = e.term
+            pack_index(records, roff, magic, epos, size, eindex, eterm)
+            roff += INDEX_UNIT_SIZE
+            term = eterm
             index += 1
-            pos = e.pos + size
+            pos = epos + size
+        if raw is None:
+            for e in entries:
+                self._check_encodable(e)  # channel / chainCrc must fit the header's int32 fields
         total = pos - first_pos
         dl = self.data_file_list
         mf = dl.files[-1] if dl.files else None
@@ -382,8 +394,6 @@ class DLedgerMmapFileStore(DLedgerStore):
             raise DLedgerException(_E.DISK_ERROR, f"entry {entries[0].index} from leader {leader_id} is at "
                                    f"pos {first_pos} but would land at local pos {mf.file_from_offset + off}")
         first_index = entries[0].index
-        records = bytearray(n * INDEX_UNIT_SIZE)
-        pack_index = INDEX_RECORD.pack_into
         mf.wrote_pos = off + total
         try:
             mm = mf.mm
@@ -398,10 +408,6 @@ class DLedgerMmapFileStore(DLedgerStore):
                                 e.body_crc, size - BODY_OFFSET)
                     mm[o + BODY_OFFSET:o + size] = e.body
                     o += size
-            roff = 0
-            for e in entries:
-                pack_index(records, roff, e.magic, e.pos, e.size, e.index, e.term)
-                roff += INDEX_UNIT_SIZE
             self._append_index_records(records, first_index, first_pos)
         except BaseException:
             dl.truncate_offset(first_pos)
