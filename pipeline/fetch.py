@@ -13,7 +13,6 @@ range always yields the same rows, which is what a re-run micro-batch relies on.
 
 from __future__ import annotations
 
-import binascii
 import logging
 import time
 from collections.abc import Iterator
@@ -21,11 +20,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
+from pipeline.binpull import (
+    PULL_BINARY_CONTENT_TYPE,
+    PullPage,
+    decode_pull_page,
+    parse_properties,
+    split_keys,
+)
 from pipeline.offsets import DataLossError
 from pipeline.routes import LedgerMQError, RouteResolver, base_url, problem_of
 from pipeline.schema import source_arrow_schema
@@ -34,6 +39,13 @@ log = logging.getLogger("ledgermq.pipeline.fetch")
 
 # The broker caps maxMessages of one pull (broker/http/messages.py).
 MAX_PULL_MESSAGES = 1024
+_BINARY_ACCEPT = {"accept": PULL_BINARY_CONTENT_TYPE}
+
+
+def _empty_page(min_offset: int) -> PullPage:
+    return PullPage(
+        min_offset, min_offset, min_offset, [], [], [], [], [], [], [], [], [], [], pa.array([], pa.binary())
+    )
 
 
 @dataclass
@@ -96,7 +108,7 @@ class QueueFetcher:
             fut = pool.submit(self._pull, offset, min(self.page_size, p.end - offset), deadline)
             while True:
                 page = fut.result()
-                msgs: list[dict] = []
+                msgs: PullPage | None = None
                 if page is None:  # this member has nothing at `offset` yet: wait / rotate
                     if time.monotonic() > deadline:
                         raise TimeoutError(
@@ -106,15 +118,19 @@ class QueueFetcher:
                         )
                 else:
                     msgs, min_offset = page
-                    if not msgs and offset < min_offset:
+                    if not len(msgs) and offset < min_offset:
                         offset = self._data_loss(offset, min(min_offset, p.end))
-                    elif msgs:
-                        first, last = msgs[0]["queueOffset"], msgs[-1]["queueOffset"]
-                        if first != offset or last >= p.end or last - first != len(msgs) - 1:
+                        msgs = None
+                    elif len(msgs):
+                        qo = msgs.queue_offsets
+                        first, last = qo[0], qo[-1]
+                        if first != offset or last >= p.end or last - first != len(qo) - 1:
                             msgs = self._trim(msgs, offset, min_offset)  # rare: a gap, or more than asked
-                        if msgs:
-                            offset = msgs[-1]["queueOffset"] + 1
+                        if len(msgs):
+                            offset = msgs.queue_offsets[-1] + 1
                             deadline = time.monotonic() + timeout_s
+                        else:
+                            msgs = None
                 if offset >= p.end:
                     if msgs:
                         yield self._to_arrow(msgs)
@@ -123,13 +139,18 @@ class QueueFetcher:
                 if msgs:
                     yield self._to_arrow(msgs)
 
-    def _trim(self, msgs: list[dict], offset: int, min_offset: int) -> list[dict]:
+    def _trim(self, msgs: PullPage, offset: int, min_offset: int) -> PullPage:
         """Keep ``[offset, end)`` of a page, handling deleted offsets at its head (data loss)."""
-        first = msgs[0]["queueOffset"]
+        qo = msgs.queue_offsets
+        first = qo[0]
         if first > offset:
             offset = self._data_loss(offset, min(max(first, min_offset), self.part.end))
-        msgs = [m for m in msgs if offset <= m["queueOffset"] < self.part.end]
-        self._check_contiguous(msgs, offset)
+        end = self.part.end
+        # The broker answers in queue order, so the kept rows are one run [lo, hi).
+        lo = next((i for i, o in enumerate(qo) if o >= offset), len(qo))
+        hi = next((i for i in range(lo, len(qo)) if qo[i] >= end), len(qo))
+        msgs = msgs.slice(lo, hi)
+        self._check_contiguous(msgs.queue_offsets, offset)
         return msgs
 
     def _data_loss(self, wanted: int, first: int) -> int:
@@ -150,16 +171,15 @@ class QueueFetcher:
         )
         return min(first, p.end)
 
-    def _check_contiguous(self, msgs: list[dict], offset: int) -> None:
-        for i, m in enumerate(msgs):
-            if int(m["queueOffset"]) != offset + i:
+    def _check_contiguous(self, queue_offsets: list[int], offset: int) -> None:
+        for i, qo in enumerate(queue_offsets):
+            if qo != offset + i:
                 raise LedgerMQError(
                     f"ledgermq: broker returned non-contiguous offsets for {self.part.topic}/"
-                    f"{self.part.broker_name}:{self.part.queue_id}: expected {offset + i}, "
-                    f"got {m['queueOffset']}"
+                    f"{self.part.broker_name}:{self.part.queue_id}: expected {offset + i}, got {qo}"
                 )
 
-    def _pull(self, offset: int, count: int, deadline: float) -> tuple[list[dict], int] | None:
+    def _pull(self, offset: int, count: int, deadline: float) -> tuple[PullPage, int] | None:
         """One page from the current member, or None (moving on to the next member) if it cannot serve it."""
         if not self.addrs:
             self._refresh_route()
@@ -170,10 +190,10 @@ class QueueFetcher:
         wait_ms = max(0, min(500, int((deadline - time.monotonic()) * 1000)))
         p = self.part
         url = f"{addr}/topics/{p.topic}/queues/{p.queue_id}/messages"
-        # No bodyEncoding: the broker sends valid UTF-8 as text (cheaper both ends), other bodies as base64.
+        # The binary page (pipeline/binpull.py): raw bodies, no JSON or base64 on either end.
         params = {"offset": offset, "maxMessages": count, "waitMs": wait_ms}
         try:
-            resp = self.http.get(url, params=params)
+            resp = self.http.get(url, params=params, headers=_BINARY_ACCEPT)
         except httpx.TransportError as exc:
             log.warning(
                 "event=pull_unreachable addr=%s topic=%s queue=%d error=%r", addr, p.topic, p.queue_id, exc
@@ -181,10 +201,16 @@ class QueueFetcher:
             self._next_member(sleep_s=0.1)
             return None
         if resp.status_code == 200:
-            doc = orjson.loads(resp.content)
-            msgs = doc.get("messages") or []
-            min_offset = int(doc.get("minOffset", 0))
-            if not msgs and offset >= min_offset:
+            ctype = resp.headers.get("content-type", "")
+            if not ctype.startswith(PULL_BINARY_CONTENT_TYPE):
+                raise LedgerMQError(
+                    f"ledgermq: {addr} answered a binary pull with {ctype!r}; "
+                    f"the broker must support {PULL_BINARY_CONTENT_TYPE}",
+                    code="BAD_PULL_PAGE",
+                )
+            msgs = decode_pull_page(resp.content)
+            min_offset = msgs.min_offset
+            if not len(msgs) and offset >= min_offset:
                 # Not there yet on this member (a slave catching up, or a new master replaying).
                 self._next_member(sleep_s=0.0 if wait_ms else 0.05)
                 return None
@@ -192,7 +218,7 @@ class QueueFetcher:
         err = problem_of(resp, f"pull {p.topic}/{p.broker_name}:{p.queue_id}@{offset}")
         if err.code == "OFFSET_OUT_OF_RANGE" and "minOffset" in err.body:
             if offset < int(err.body["minOffset"]):
-                return [], int(err.body["minOffset"])
+                return _empty_page(int(err.body["minOffset"])), int(err.body["minOffset"])
             # Past this member's end: it is behind (a slave catching up, a new master replaying).
             self._next_member(sleep_s=0.05)
             return None
@@ -226,32 +252,30 @@ class QueueFetcher:
         finally:
             resolver.close()
 
-    def _to_arrow(self, msgs: list[dict]) -> pa.RecordBatch:
-        # Column-wise comprehensions: this is the executor's hot loop (one page of up to 1024 rows).
+    def _to_arrow(self, page: PullPage) -> pa.RecordBatch:
+        # Columns straight from the decoded page; bodies are already one Arrow array (no row copies).
         p = self.part
-        n = len(msgs)
+        n = len(page)
         s = self.schema
-        a2b = binascii.a2b_base64
-        values = [
-            None if (b := m["body"]) is None else (b.encode() if m["bodyEncoding"] == "utf-8" else a2b(b))
-            for m in msgs
-        ]
         cols = [
-            pa.array([ks[0] if (ks := m["keys"]) else None for m in msgs], pa.string()),
-            pa.array(values, pa.binary()),
+            pa.array([(split_keys(k) or (None,))[0] if k else None for k in page.keys], pa.string()),
+            page.bodies,
             pa.repeat(pa.scalar(p.topic, pa.string()), n),
             pa.repeat(pa.scalar(p.broker_name, pa.string()), n),
             pa.repeat(pa.scalar(p.queue_id, pa.int32()), n),
-            pa.array([m["queueOffset"] for m in msgs], pa.int64()),
-            pa.array([m["commitLogOffset"] for m in msgs], pa.int64()),
-            pa.array([m["msgId"] for m in msgs], pa.string()),
-            pa.array([m["tags"] for m in msgs], pa.string()),
+            pa.array(page.queue_offsets, pa.int64()),
+            pa.array(page.commit_log_offsets, pa.int64()),
+            pa.array(page.msg_ids, pa.string()),
+            pa.array(page.tags, pa.string()),
         ]
         if self.opts.include_properties:
-            props = [list((m.get("properties") or {}).items()) for m in msgs]
+            props = [parse_properties(raw) for raw in page.properties]
             cols.append(pa.array(props, s.field("properties").type))
-        for name in ("bornTimestamp", "storeTimestamp"):
-            ms = pa.array([m.get(name) for m in msgs], pa.int64())
+        for name, ms_list in (
+            ("bornTimestamp", page.born_timestamps),
+            ("storeTimestamp", page.store_timestamps),
+        ):
+            ms = pa.array(ms_list, pa.int64())
             cols.append(pc.multiply(ms, 1000).cast(s.field(name).type))
         return pa.RecordBatch.from_arrays(cols, schema=s)
 

@@ -18,7 +18,14 @@ import orjson
 
 from broker.errors import BrokerCode, BrokerError
 from broker.http.acl import Right
-from broker.http.codec import message_json_view, parse_produce_json, parse_produce_raw
+from broker.http.codec import (
+    PULL_BINARY_CONTENT_TYPE,
+    message_binary_view,
+    message_json_view,
+    parse_produce_json,
+    parse_produce_raw,
+    pull_binary_bytes,
+)
 from broker.http.context import HttpContext
 from broker.http.problems import PROBLEM_CONTENT_TYPE, from_dledger, invalid
 from broker.message import Message
@@ -34,8 +41,29 @@ _HOT_HEADERS = {
     b"content-type": "content-type",
     b"content-length": "content-length",
     b"authorization": "authorization",
+    b"accept": "accept",
 }
 _JSON_HEADERS = [(b"content-type", b"application/json")]
+_JSON_CTYPE = JSON.encode()
+_BINARY_CTYPE = PULL_BINARY_CONTENT_TYPE.encode()
+
+
+def wants_binary(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
+    """Whether a pull asks for the binary page: `?format=binary|json` wins, else the Accept header
+    naming `application/x-ledgermq-messages`. JSON stays the default."""
+    fmt = query.get("format")
+    if fmt not in (None, ""):
+        if fmt == "binary":
+            return True
+        if fmt == "json":
+            return False
+        raise invalid("format", f"expected json or binary, got {fmt[:40]!r}")
+    accept = headers.get("accept")
+    if not accept or PULL_BINARY_CONTENT_TYPE not in accept:
+        return False
+    return any(
+        part.split(";", 1)[0].strip().lower() == PULL_BINARY_CONTENT_TYPE for part in accept.split(",")
+    )
 
 
 def int_param(params: Mapping[str, str], name: str, default: int | None, lo: int, hi: int) -> int:
@@ -150,11 +178,15 @@ class HotHandlers:
 
     async def pull(
         self, topic: str, queue_raw: str, headers: Mapping[str, str], query: Mapping[str, str]
-    ) -> bytes:
-        """Messages from `offset`, holding the request (long poll) when there are none yet."""
+    ) -> tuple[bytes, str]:
+        """Messages from `offset`, holding the request (long poll) when there are none yet.
+
+        Returns (body, content type): JSON, or the binary page (codec.PULL_HEADER) when
+        `wants_binary`. Errors are BrokerErrors (problem+json) in both forms."""
         t0 = time.perf_counter()
         ctx = self.ctx
         ctx.authorize(headers, topic=topic, right=Right.SUB)
+        binary = wants_binary(headers, query)
         validate_topic(topic)
         if not (queue_raw.isascii() and queue_raw.isdigit()) or len(queue_raw) > 5 or int(queue_raw) > 65535:
             raise invalid("queueId", f"expected an integer in 0..65535, got {queue_raw[:40]!r}")
@@ -194,21 +226,33 @@ class HotHandlers:
                 await store.wait_for_message(topic, queue_id, offset, wait_s)
             finally:
                 ctx.metrics.long_poll_waiters.dec()
-        build = _build_base64 if enc == "base64" else message_json_view
-        result = store.read_messages(topic, queue_id, offset, max_messages, DEFAULT_PULL_BYTES, None, build)
-        body = orjson.dumps(
-            {
-                "messages": result.messages,
-                "nextOffset": result.next_offset,
-                "minOffset": result.min_offset,
-                "maxOffset": result.max_offset,
-            }
-        )
+        if binary:
+            result = store.read_messages(
+                topic, queue_id, offset, max_messages, DEFAULT_PULL_BYTES, None, message_binary_view
+            )
+            body = pull_binary_bytes(
+                result.messages, result.next_offset, result.min_offset, result.max_offset
+            )
+            ctype = PULL_BINARY_CONTENT_TYPE
+        else:
+            build = _build_base64 if enc == "base64" else message_json_view
+            result = store.read_messages(
+                topic, queue_id, offset, max_messages, DEFAULT_PULL_BYTES, None, build
+            )
+            body = orjson.dumps(
+                {
+                    "messages": result.messages,
+                    "nextOffset": result.next_offset,
+                    "minOffset": result.min_offset,
+                    "maxOffset": result.max_offset,
+                }
+            )
+            ctype = JSON
         tm = self.metrics(topic)
         if result.messages:
             tm.get_messages.inc(len(result.messages))
         tm.get_latency.observe(time.perf_counter() - t0)
-        return body
+        return body, ctype
 
 
 class HotPath:
@@ -243,12 +287,15 @@ class HotPath:
         try:
             qs = scope.get("query_string") or b""
             query = dict(parse_qsl(qs.decode("latin-1"), keep_blank_values=True)) if qs else {}
+            ctype = _JSON_CTYPE
             if kind == "produce":
                 body = await self._read_body(headers, receive)
                 out = await self.h.produce(topic, headers, query, body)
             else:
-                out = await self.h.pull(topic, unquote(parts[2]), headers, query)
-            await _send(send, 200, out, b"application/json")
+                out, ct = await self.h.pull(topic, unquote(parts[2]), headers, query)
+                if ct != JSON:
+                    ctype = _BINARY_CTYPE
+            await _send(send, 200, out, ctype)
         except BrokerError as exc:
             await _send_error(send, exc)
         except DLedgerException as exc:

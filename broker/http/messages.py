@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from broker.errors import BrokerCode, BrokerError
 from broker.http.acl import Right
-from broker.http.codec import message_json, read_body
+from broker.http.codec import PULL_BINARY_CONTENT_TYPE, message_json, read_body
 from broker.http.context import HttpContext
 from broker.http.hot import JSON, MAX_PULL_MESSAGES, HotHandlers
 from broker.http.schemas import PROBLEM_RESPONSES, MessageOut, ProduceResponse, PullResponse
@@ -116,14 +116,31 @@ def build_router(ctx: HttpContext, hot: HotHandlers) -> APIRouter:
                     "name": "bodyEncoding",
                     "in": "query",
                     "schema": {"type": "string", "enum": ["utf-8", "base64"]},
+                    "description": "JSON form only",
                 },
-            ]
+                {
+                    "name": "format",
+                    "in": "query",
+                    "schema": {"type": "string", "enum": ["json", "binary"]},
+                    "description": (
+                        "binary = the compact page (docs/INTERFACES.md, 'Binary pull format'); "
+                        f"the same as Accept: {PULL_BINARY_CONTENT_TYPE}. JSON is the default."
+                    ),
+                },
+            ],
+            "responses": {
+                "200": {
+                    "content": {
+                        PULL_BINARY_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}},
+                    }
+                }
+            },
         },
     )
     async def pull(request: Request) -> Response:
         p = request.path_params
-        out = await hot.pull(p["topic"], p["queueId"], request.headers, request.query_params)
-        return Response(out, media_type=JSON)
+        out, ctype = await hot.pull(p["topic"], p["queueId"], request.headers, request.query_params)
+        return Response(out, media_type=ctype)
 
     @router.get(
         "/messages/{msgId}",
