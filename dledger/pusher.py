@@ -178,6 +178,11 @@ class DLedgerEntryPusher:
             self._cache_bytes -= cache.popleft().size
         self._cache_base += drop
 
+    @property
+    def cache_usage(self) -> tuple[int, int]:
+        """(entries, bytes) held in the leader entry cache (observability; bounded, see _trim_cache)."""
+        return len(self._cache), self._cache_bytes
+
     def get_entry(self, index: int) -> DLedgerEntry:
         """An entry of the leader's log, from the cache when recent."""
         off = index - self._cache_base
