@@ -76,8 +76,13 @@ class HttpContext:
         return int(server.member_state.curr_term) if server is not None else 0
 
     def require_master(self) -> None:
-        """NOT_MASTER (421) naming the master, for every write on a slave."""
+        """NOT_MASTER (421) naming the master, for every write on a slave — except on the DLedger
+        leader that cannot write because its disk is full (it would name itself): 507 DISK_FULL."""
         if not self.is_master():
+            if self.store.dledger:
+                err = self.store.not_master_error()
+                if err.code == BrokerCode.DISK_FULL:
+                    raise err
             addr = self.master_addr()
             raise BrokerError(
                 BrokerCode.NOT_MASTER,
