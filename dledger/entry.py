@@ -107,6 +107,12 @@ def decode(data: bytes | bytearray | memoryview, check_crc: bool = True) -> DLed
     if len(data) < size:
         raise DLedgerException(DLedgerResponseCode.DISK_ERROR,
                                f"entry truncated: {len(data)} bytes < size {size}")
+    if channel or chain_crc:
+        # Reserved fields are always written as 0 (as DLedger does); the header has no CRC of its
+        # own, so a non-zero value here is corruption the body CRC cannot see.
+        raise DLedgerException(DLedgerResponseCode.DISK_ERROR,
+                               f"reserved header fields not zero (channel {channel}, chainCrc {chain_crc}) "
+                               f"at index {index} pos {pos}")
     body = bytes(data[BODY_OFFSET:size])
     if check_crc and body_crc32(body) != crc:
         raise DLedgerException(DLedgerResponseCode.DISK_ERROR,

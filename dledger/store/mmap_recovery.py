@@ -52,9 +52,11 @@ def _check_entry(mf: MmapFile, off: int) -> tuple[int, int, int, int]:
     pos = mf.file_from_offset + off
     if off + BODY_OFFSET > mf.file_size:
         raise _Corrupt(f"header at pos {pos} runs past the file end")
-    magic, size, index, term, epos, _, _, crc, blen = HEADER.unpack_from(mf.mm, off)
+    magic, size, index, term, epos, channel, chain_crc, crc, blen = HEADER.unpack_from(mf.mm, off)
     if magic not in VALID_MAGICS:
         raise _Corrupt(f"bad magic {magic}")
+    if channel or chain_crc:
+        raise _Corrupt(f"reserved header fields not zero (channel {channel}, chainCrc {chain_crc})")
     if blen < 0 or size != BODY_OFFSET + blen:
         raise _Corrupt(f"size {size} != {BODY_OFFSET} + body length {blen}")
     if off + size + MIN_BLANK_LEN > mf.file_size:

@@ -158,9 +158,9 @@ class DLedgerMmapFileStore(DLedgerStore):
         if entry.magic not in VALID_MAGICS or not isinstance(entry.body, _BUFFER_TYPES):
             raise DLedgerException(_E.UNEXPECTED_ARGUMENT, f"entry magic {entry.magic!r} / body type "
                                    f"{type(entry.body).__name__}: expected magic 1-3 and bytes")
-        if not -(1 << 31) <= entry.channel < 1 << 31 or not -(1 << 31) <= entry.chain_crc < 1 << 31:
+        if entry.channel or entry.chain_crc:
             raise DLedgerException(_E.UNEXPECTED_ARGUMENT, f"channel {entry.channel} / chainCrc "
-                                   f"{entry.chain_crc} do not fit an int32")
+                                   f"{entry.chain_crc}: reserved fields must be 0")
 
     def append_as_leader(self, entry: DLedgerEntry, term: int) -> DLedgerEntry:
         """Append `entry` as index end + 1 in `term`; hooks may stamp its body before it counts."""
@@ -504,6 +504,9 @@ class DLedgerMmapFileStore(DLedgerStore):
             raise DLedgerException(_E.DISK_ERROR,
                                    f"entry {index} at pos {pos} size {size} is not in the data files")
         magic, esize, eindex, term, epos, channel, chain_crc, crc, blen = HEADER.unpack_from(mm, off)
+        if channel or chain_crc:
+            raise DLedgerException(_E.DISK_ERROR, f"entry at pos {pos} (index {index}): reserved header "
+                                   f"fields not zero (channel {channel}, chainCrc {chain_crc})")
         if esize != size or eindex != index or epos != pos or blen + BODY_OFFSET != esize:
             raise DLedgerException(_E.DISK_ERROR, f"entry at pos {pos} (index {eindex}, pos {epos}, "
                                    f"size {esize}) does not match index record (index {index}, size {size})")
@@ -552,7 +555,8 @@ class DLedgerMmapFileStore(DLedgerStore):
                                            f"pos {pos}, size {size}) does not match the data files")
                 mm = mf.mm
                 magic, esize, eindex, term, epos, channel, chain_crc, crc, blen = unpack_header(mm, off)
-                if esize != size or eindex != i or epos != pos or blen + BODY_OFFSET != esize:
+                if channel or chain_crc or esize != size or eindex != i or epos != pos \
+                        or blen + BODY_OFFSET != esize:
                     raise DLedgerException(_E.DISK_ERROR, f"entry at pos {pos} (index {eindex}, pos {epos}, "
                                            f"size {esize}) does not match index record (index {i})")
                 body = mm[off + BODY_OFFSET:off + esize]

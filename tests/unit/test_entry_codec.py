@@ -62,6 +62,8 @@ def test_index_record_layout() -> None:
         (lambda b: b"\x00\x00\x00\x09" + b[4:], "magic"),
         (lambda b: b[:4] + (999).to_bytes(4, "big") + b[8:], "size"),
         (lambda b: b[:-1] + bytes([b[-1] ^ 0xFF]), "CRC"),
+        (lambda b: b[:35] + b"\x01" + b[36:], "reserved"),
+        (lambda b: b[:39] + b"\x01" + b[40:], "reserved"),
     ],
 )
 def test_corrupt_entries_raise_disk_error(mutate, fragment: str) -> None:

@@ -183,3 +183,21 @@ def test_a_corrupt_first_entry_outside_the_scanned_region_refuses_to_start(tmp_p
         open_store(tmp_path)
     assert ex.value.code is DLedgerResponseCode.DISK_ERROR
     assert os.path.basename(path) in str(ex.value) and "begin index" in str(ex.value)
+
+
+@pytest.mark.parametrize("field_offset", [32, 36], ids=["channel", "chainCrc"])
+def test_flipped_bit_in_a_reserved_header_field_is_corruption(tmp_path, field_offset: int) -> None:
+    """Finding 10 of docs/RELIABILITY.md: the header has no CRC of its own, so the reserved fields
+    (always written as 0) are checked; a flip there is cut from an uncommitted tail like any
+    corruption, and a committed entry with one refuses to start."""
+    where = crashed_store(tmp_path, n=60, committed=30)
+    _pos, _size, path, off = where[59]
+    patch(path, off + field_offset + 3, b"\x01")
+    assert_recovered_to(tmp_path, 58).close_without_flush()
+
+    where = crashed_store(tmp_path / "committed", n=60, committed=50)
+    _pos, _size, path, off = where[50]
+    patch(path, off + field_offset + 3, b"\x01")
+    with pytest.raises(DLedgerException) as ex:
+        open_store(tmp_path / "committed")
+    assert ex.value.code is DLedgerResponseCode.DISK_ERROR and "reserved header fields" in str(ex.value)
