@@ -3,7 +3,8 @@
 Starts a name server and a single-node broker (local commit log) in a temp dir, produces
 ``--messages`` bodies of ``--size`` bytes to a 4-queue topic over HTTP, then runs the ``ledgermq``
 source (which pulls the broker's binary page, docs/INTERFACES.md) with Trigger.AvailableNow into
-Parquet, twice: a warm-up run (JVM, Python workers) on a small topic and the measured run. Prints a table and writes bench/results/spark_bench.json.
+Parquet, twice: a warm-up run (JVM, Python workers) on a small topic and the measured run. Prints
+a table and writes bench/results/spark_bench.json.
 
     .venv/bin/python bench/spark_bench.py [--messages 200000] [--size 1024] [--page-size 1000]
 """
