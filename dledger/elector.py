@@ -13,6 +13,11 @@ Vote rules (Raft §5.2, §5.4.1): one vote per term, persisted before answering;
 candidate whose log is at least as up to date (higher ledgerEndTerm, or equal and ledgerEndIndex
 at least ours). Any message with a higher term makes the receiver adopt it and step down.
 
+A member that is recovering from a corrupt log (`MemberState.check_recovering`: its store cut
+committed entries and has not re-fetched them yet) neither campaigns nor grants votes, pre-votes
+included: having lost entries it acknowledged, its "my log is at least as up to date" answer would
+be wrong. It still follows the leader, whose pushes bring it back.
+
 Time comes from the running loop, so under the simulator's virtual-time loop all of this runs in
 virtual time; randomness comes from the injected `rng`.
 """
@@ -84,6 +89,7 @@ class DLedgerLeaderElector:
         self._task: asyncio.Task[None] | None = None
         self._side_tasks = TaskSet()
         self._role_event = asyncio.Event()
+        self._campaign_held = False  # logged that a recovering member holds its campaign
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -185,6 +191,12 @@ class DLedgerLeaderElector:
     # -- incoming leader messages ---------------------------------------------------------
     def accept_leader_message(self, term: int, leader_id: str) -> DLedgerResponseCode:
         """Heartbeats and pushes: follow `leader_id` in `term` if that is consistent with our state."""
+        code = self._accept_leader_message(term, leader_id)
+        if code == DLedgerResponseCode.SUCCESS:
+            self.ms.check_recovering()  # clears the catch-up watermark once the pushes reached it
+        return code
+
+    def _accept_leader_message(self, term: int, leader_id: str) -> DLedgerResponseCode:
         ms = self.ms
         if term < ms.curr_term:
             return DLedgerResponseCode.EXPIRED_TERM
@@ -256,9 +268,26 @@ class DLedgerLeaderElector:
         self._touch_leader()
         return VoteResult.ACCEPT
 
+    def _recovering_vote_result(self, req: VoteRequest) -> VoteResult:
+        """No vote from a member missing entries it acknowledged; a higher term is still adopted."""
+        ms = self.ms
+        if req.term < ms.curr_term:
+            return VoteResult.REJECT_EXPIRED_VOTE_TERM
+        if not req.pre_vote and req.term > ms.curr_term:
+            self._become_candidate(req.term, f"vote request of {req.local_id} in term {req.term}")
+        log.info(
+            "event=vote_refused_recovering group=%s selfId=%s term=%d candidate=%s preVote=%s end=%d "
+            "catchUpWatermark=%d",
+            ms.group, ms.self_id, ms.curr_term, req.local_id, req.pre_vote, ms.ledger_end_index,
+            getattr(ms.store, "catchup_watermark", -1),
+        )
+        return VoteResult.REJECT_TERM_NOT_READY
+
     async def handle_vote(self, req: VoteRequest) -> VoteResponse:
         if not self.ms.is_peer_member(req.local_id):
             result, code = VoteResult.REJECT_UNKNOWN_LEADER, DLedgerResponseCode.UNKNOWN_MEMBER
+        elif self.ms.check_recovering():
+            result, code = self._recovering_vote_result(req), DLedgerResponseCode.SUCCESS
         else:
             result = self._pre_vote_result(req) if req.pre_vote else self._vote_result(req)
             code = DLedgerResponseCode.SUCCESS
@@ -382,6 +411,19 @@ class DLedgerLeaderElector:
         if now < self.next_time_to_request_vote and take < 0:
             await self._sleep(self.next_time_to_request_vote - now)
             return
+        if ms.check_recovering():
+            # Lost acknowledged entries: wait for a leader's pushes instead of asking for votes.
+            ms.term_to_take_leadership = -1
+            if not self._campaign_held:
+                self._campaign_held = True
+                log.warning(
+                    "event=campaign_held_recovering group=%s selfId=%s term=%d end=%d catchUpWatermark=%d",
+                    ms.group, ms.self_id, ms.curr_term, ms.ledger_end_index,
+                    getattr(ms.store, "catchup_watermark", -1),
+                )
+            self.next_time_to_request_vote = now + self._random_vote_interval()
+            return
+        self._campaign_held = False
         ms.term_to_take_leadership = -1
         start_term = ms.curr_term
         if take < 0:
@@ -519,6 +561,10 @@ class DLedgerLeaderElector:
     def handle_take_leadership(self, req: LeadershipTransferRequest) -> DLedgerResponseCode:
         """Transferee side: the leader says "campaign now in term `take_leadership_term`"."""
         ms = self.ms
+        if ms.check_recovering():
+            log.warning("event=take_leadership_refused_recovering group=%s selfId=%s term=%d from=%s",
+                        ms.group, ms.self_id, ms.curr_term, req.local_id)
+            return DLedgerResponseCode.TAKE_LEADERSHIP_FAILED
         if req.term != ms.curr_term or req.local_id != ms.leader_id:
             return (
                 DLedgerResponseCode.INCONSISTENT_LEADER

@@ -5,6 +5,10 @@ currTerm and voteLeader are persisted before any vote or term change is answered
 atomically (temp file, fsync, rename, fsync of the directory); for a MEMORY store in the store
 object's `term_state`, which the simulator keeps across a simulated crash.
 
+A member whose store recovery had to cut committed entries (a corrupt log) is *recovering* until
+its log reaches the store's catch-up watermark again: `check_recovering` tells the elector not to
+vote or campaign meanwhile; it still follows a leader and re-fetches from it.
+
 State transitions live in `change_to_leader` / `change_to_follower` / `change_to_candidate`, each
 logged with the old and new role and term. The elector calls them; nothing else changes the role.
 """
@@ -166,6 +170,24 @@ class MemberState:
         self.role = Role.CANDIDATE
         self.leader_id = None
         self.transferee = None
+
+    # -- recovery after a corrupt log -----------------------------------------------------
+    def check_recovering(self) -> bool:
+        """True while the store's catch-up watermark is above the log end. Clears (durably) and
+        logs once the log has reached it. Stores without a watermark are never recovering."""
+        watermark = getattr(self.store, "catchup_watermark", -1)
+        if watermark < 0:
+            return False
+        end = self.store.ledger_end_index
+        if end < watermark:
+            return True
+        self.store.clear_catchup_watermark()
+        log.warning(
+            "event=catch_up_complete group=%s selfId=%s term=%d end=%d catchUpWatermark=%d: "
+            "voting and campaigning again",
+            self.group, self.self_id, self.curr_term, end, watermark,
+        )
+        return False
 
     # -- queries --------------------------------------------------------------------------
     def is_leader(self) -> bool:

@@ -321,6 +321,7 @@ class DLedgerServer:
             "committedIndex": store.committed_index,
             "appliedIndex": applied,
             "transferee": ms.transferee,
+            "recovering": ms.check_recovering(),  # cut committed entries, not caught up yet: no votes
             "peerWaterMarks": dict(self.pusher.peer_water_marks) if ms.is_leader() else {},
         }
 

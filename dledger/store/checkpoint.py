@@ -51,8 +51,53 @@ def read_checkpoint(path: str) -> Checkpoint:
 
 def write_checkpoint(path: str, checkpoint: Checkpoint) -> None:
     """Atomically replace the checkpoint file (blocking: run it in a worker thread on the loop)."""
-    tmp = path + ".tmp"
     data = f"endIndex={checkpoint.end_index}\ncommittedIndex={checkpoint.committed_index}\n".encode()
+    _write_atomically(path, data)
+
+
+# ---- catch-up watermark ------------------------------------------------------------------------
+# A member whose recovery had to cut entries at or below its checkpointed committed index keeps,
+# until it has re-fetched past it, the index it must reach before it may vote or campaign again
+# (see `mmap_recovery`). It lives in its own small file so the DLedger checkpoint format stays
+# RocketMQ's; written atomically like the checkpoint, so a crash during catch-up keeps it.
+
+CATCHUP_FILE = "catchup"
+
+
+def read_catchup_watermark(path: str) -> int:
+    """The persisted catch-up watermark, -1 when there is none. A malformed file raises
+    DISK_ERROR (guessing could let a member that lost committed entries vote)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return -1
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        key, sep, value = raw.strip().partition("=")
+        if sep and key.strip() == "catchUpIndex":
+            try:
+                return int(value.strip())
+            except ValueError:
+                raise DLedgerException(DLedgerResponseCode.DISK_ERROR,
+                                       f"{path}:{lineno}: bad catch-up line {raw!r}") from None
+    raise DLedgerException(DLedgerResponseCode.DISK_ERROR, f"{path}: no catchUpIndex line in {text!r}")
+
+
+def write_catchup_watermark(path: str, index: int) -> None:
+    """Persist the catch-up watermark atomically, or remove the file when `index` < 0 (blocking;
+    once per recovery and once on catching up, so the loop may call it)."""
+    if index >= 0:
+        _write_atomically(path, f"catchUpIndex={index}\n".encode())
+        return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    _fsync_dir(path)
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.write(fd, data)
@@ -60,8 +105,12 @@ def write_checkpoint(path: str, checkpoint: Checkpoint) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: str) -> None:
     dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
     try:
-        os.fsync(dir_fd)  # make the rename itself durable
+        os.fsync(dir_fd)  # make the rename / unlink itself durable
     finally:
         os.close(dir_fd)

@@ -9,15 +9,25 @@
    ends the data; any failure ends it too and everything from there on is a torn or corrupt tail.
    An index record that is wrong for an entry at or below the checkpointed committed index is
    rewritten from the (CRC-valid) entry instead, because committed entries are never cut.
-4. If the tail to cut starts at or below the checkpointed committed index, refuse to start with
-   DISK_ERROR naming the file, position, index and reason; nothing is changed on disk.
-5. Otherwise cut data and index at the stop (stale bytes after it are zeroed) and set begin/end
-   index, end term, committed index and position.
+4. If the tail to cut starts at or below the checkpointed committed index (a flipped bit or a
+   lost sector inside committed data), the member cannot serve those entries, but the leader
+   still has them: cut there like any tail, and persist a catch-up watermark first (the
+   `catchup` file, see `checkpoint`): the highest index this member may have acknowledged (the
+   checkpointed committed index, or further while the index records beyond the cut still name
+   consecutive entries). Until its log reaches the watermark again the member neither votes nor
+   campaigns (`MemberState.check_recovering`), because a member that lost acknowledged entries
+   could otherwise help elect a leader missing them. The cut is logged as one ERROR line.
+   Still refused with DISK_ERROR: no data files at all although the checkpoint records a
+   committed index (a wrong store path or a wiped dir), and a corrupt first entry in a data file
+   before the scanned region (the begin index is unknown).
+5. Cut data and index at the stop (stale bytes after it are zeroed) and set begin/end index, end
+   term, committed index (at most the new end) and position.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import zlib
 from typing import TYPE_CHECKING
 
@@ -32,7 +42,12 @@ from dledger.entry import (
     MIN_BLANK_LEN,
     VALID_MAGICS,
 )
-from dledger.store.checkpoint import read_checkpoint
+from dledger.store.checkpoint import (
+    CATCHUP_FILE,
+    read_catchup_watermark,
+    read_checkpoint,
+    write_catchup_watermark,
+)
 from dledger.store.file_list import MmapFile, MmapFileList
 
 if TYPE_CHECKING:
@@ -95,6 +110,18 @@ def _write_index_record(il: MmapFileList, index: int, record: tuple[int, int, in
     return True
 
 
+def _old_end_from_index_records(il: MmapFileList, first: int) -> int:
+    """Highest index i >= `first` - 1 such that the index records first..i name consecutive
+    entries (right index field, a valid magic, terms not going backwards): how far the log went
+    before the cut, so the catch-up watermark covers what this member may have acknowledged."""
+    last, last_term = first - 1, -1
+    while True:
+        rec = _read_index_record(il, last + 1)
+        if rec is None or rec[3] != last + 1 or rec[0] not in VALID_MAGICS or rec[4] < last_term:
+            return last
+        last, last_term = last + 1, rec[4]
+
+
 def _first_entry_offset(mf: MmapFile) -> int:
     """Local offset of the file's first entry (after a head blank left by a rebuild)."""
     magic, length = BLANK.unpack_from(mf.mm, 0)
@@ -139,6 +166,9 @@ def recover(store: DLedgerMmapFileStore) -> None:
     dl, il = store.data_file_list, store.index_file_list
     checkpoint = read_checkpoint(store.checkpoint_path)
     committed = checkpoint.committed_index
+    watermark_path = os.path.join(os.path.dirname(store.checkpoint_path), CATCHUP_FILE)
+    persisted = read_catchup_watermark(watermark_path)
+    store.catchup_watermark = persisted
     dl.load()
     il.load()
     if not dl.files:
@@ -198,19 +228,14 @@ def recover(store: DLedgerMmapFileStore) -> None:
         where = f"{mf.path if mf else dl.store_path} offset {pos - mf.file_from_offset if mf else 0}"
         reason = reason or "no data file starts with a valid entry"
         if committed > last_index:
-            raise DLedgerException(DLedgerResponseCode.DISK_ERROR,
-                                   f"recovery stopped at {where} (pos {pos}, after index {last_index}): "
-                                   f"{reason}; "
-                                   f"cutting there would lose entries up to the checkpointed committedIndex "
-                                   f"{committed} ({store.checkpoint_path}). Refusing to start: restore the "
-                                   f"files or remove the member's store to resync it from the leader")
-        log.warning("event=torn_tail_cut file=%s pos=%d lastGoodIndex=%d committed=%d reason=%s",
-                    where, pos, last_index, committed, reason)
+            _set_catchup_watermark(store, watermark_path, persisted, committed, last_index,
+                                   f"recovery stopped at {where} (pos {pos}): {reason}")
+        else:
+            log.warning("event=torn_tail_cut %s file=%s pos=%d lastGoodIndex=%d committed=%d reason=%s",
+                        store._ctx, where, pos, last_index, committed, reason)
     elif committed > last_index:
-        raise DLedgerException(DLedgerResponseCode.DISK_ERROR,
-                               f"log in {dl.store_path} ends at index {last_index} (pos {pos}) but "
-                               f"{store.checkpoint_path} records committedIndex={committed}; "
-                               "refusing to start")
+        _set_catchup_watermark(store, watermark_path, persisted, committed, last_index,
+                               f"log in {dl.store_path} ends at pos {pos}")
     if start:
         # Files before the scan start were not scanned, yet the first one names the begin index.
         first = dl.files[0]
@@ -237,6 +262,7 @@ def recover(store: DLedgerMmapFileStore) -> None:
     store._flushed_index = last_index
     if repaired:
         log.warning("event=index_records_repaired count=%d", repaired)
+    committed = min(committed, last_index)  # what is left below the old committed index is committed
     if committed >= 0 and store.ledger_begin_index <= committed <= last_index:
         store.committed_index = committed
         p, s = store.get_entry_pos_and_size(committed)
@@ -248,3 +274,17 @@ def recover(store: DLedgerMmapFileStore) -> None:
     if checkpoint.end_index > last_index:
         log.warning("event=recovered_below_checkpoint_end checkpointEnd=%d end=%d", checkpoint.end_index,
                     last_index)
+
+
+def _set_catchup_watermark(store: DLedgerMmapFileStore, path: str, persisted: int, committed: int,
+                           last_index: int, what: str) -> None:
+    """Committed entries after `last_index` are about to be cut: persist (before cutting, so a
+    crash in between keeps it) the index this member must re-fetch up to before it votes again."""
+    old_end = _old_end_from_index_records(store.index_file_list, last_index + 1)
+    watermark = max(committed, old_end, persisted)
+    write_catchup_watermark(path, watermark)
+    store.catchup_watermark = watermark
+    log.error("event=committed_entries_cut %s lastGoodIndex=%d checkpointCommitted=%d oldEnd=%d "
+              "catchUpWatermark=%d detail=%s; re-fetching from the leader, not voting or campaigning "
+              "until the log reaches the watermark", store._ctx, last_index, committed, old_end, watermark,
+              what)

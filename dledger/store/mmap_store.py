@@ -33,7 +33,7 @@ from dledger.entry import (
     body_crc32,
 )
 from dledger.store.base import DLedgerStore
-from dledger.store.checkpoint import CHECKPOINT_FILE
+from dledger.store.checkpoint import CATCHUP_FILE, CHECKPOINT_FILE, write_catchup_watermark
 from dledger.store.clean_space import CleanSpaceService
 from dledger.store.file_list import MmapFileList
 from dledger.store.flush_service import FlushDataService
@@ -72,6 +72,9 @@ class DLedgerMmapFileStore(DLedgerStore):
         self._flushed_index = -1
         self._truncate_epoch = 0
         self._disk_full = False
+        # Set by recovery when it had to cut committed entries: the index to re-fetch up to before
+        # this member votes or campaigns again (-1: none). Persisted in the `catchup` file.
+        self.catchup_watermark = -1
         self._recovered = False
         self._closed = False
         self.flush_service = FlushDataService(self)
@@ -93,6 +96,11 @@ class DLedgerMmapFileStore(DLedgerStore):
         log.info("event=store_recovered %s begin=%d end=%d endTerm=%d committed=%d dataEnd=%d", self._ctx,
                  self.ledger_begin_index, self.ledger_end_index, self.ledger_end_term,
                  self.committed_index, self.data_file_list.max_wrote_position)
+
+    def clear_catchup_watermark(self) -> None:
+        """The log has reached the catch-up watermark again: forget it, durably (blocking, once)."""
+        write_catchup_watermark(os.path.join(self.config.default_path(), CATCHUP_FILE), -1)
+        self.catchup_watermark = -1
 
     async def start(self) -> None:
         """Recover, then start the flush/checkpoint and clean-space services."""

@@ -1,5 +1,7 @@
-"""Recovery of DLedgerMmapFileStore from damaged files: each damage recovers to the last good entry,
-and damage at or below the checkpointed committed index refuses to start with a precise error."""
+"""Recovery of DLedgerMmapFileStore from damaged files: each damage recovers to the last good entry.
+Damage at or below the checkpointed committed index is cut too, with a persisted catch-up watermark
+(the member re-fetches from the leader, see tests/unit/test_corrupt_rejoin.py); only a store whose
+begin index is unknown or whose data files are all gone refuses to start."""
 
 from __future__ import annotations
 
@@ -133,19 +135,51 @@ def test_term_going_backwards_in_the_tail_is_cut(tmp_path) -> None:
     assert_recovered_to(tmp_path, 58)
 
 
-def test_damage_at_or_below_the_committed_index_refuses_to_start(tmp_path) -> None:
+def catchup_path(base) -> str:
+    return os.path.join(str(base), "dledger-n0", "catchup")
+
+
+def test_damage_at_or_below_the_committed_index_cuts_and_persists_a_catch_up_watermark(tmp_path) -> None:
     where = crashed_store(tmp_path, n=60, committed=50)
-    pos, _size, path, off = where[50]  # the checkpointed committed entry itself
+    _pos, _size, path, off = where[50]  # the checkpointed committed entry itself
     patch(path, off + BODY_OFFSET, b"\x00\xff")
-    before = {p: open(p, "rb").read() for p in {w[2] for w in where}}
+    store = open_store(tmp_path)
+    # Cut right before the corrupt entry; what is left below the old committed index is committed.
+    assert store.ledger_end_index == 49 and store.committed_index == 49
+    # The watermark is the old end (the index records 50..59 still name consecutive entries).
+    assert store.catchup_watermark == 59
+    with open(catchup_path(tmp_path)) as f:
+        assert f.read() == "catchUpIndex=59\n"
+    # The corrupt entry is never served: out of range until re-fetched.
+    with pytest.raises(DLedgerException) as ex:
+        store.get(50)
+    assert ex.value.code is DLedgerResponseCode.INDEX_OUT_OF_RANGE
+    store.close_without_flush()
+    # A crash during catch-up keeps the watermark (the files now end cleanly at 49).
+    store = assert_recovered_to(tmp_path, 49)
+    assert store.catchup_watermark == 59
+    store.clear_catchup_watermark()
+    assert store.catchup_watermark == -1 and not os.path.exists(catchup_path(tmp_path))
+
+
+def test_a_malformed_catch_up_file_refuses_to_start(tmp_path) -> None:
+    crashed_store(tmp_path, n=10, committed=5)
+    with open(catchup_path(tmp_path), "w") as f:
+        f.write("catchUpIndex=x\n")
     with pytest.raises(DLedgerException) as ex:
         open_store(tmp_path)
-    msg = str(ex.value)
-    assert ex.value.code is DLedgerResponseCode.DISK_ERROR
-    assert os.path.basename(path) in msg and f"pos {pos}" in msg and "after index 49" in msg
-    assert "committedIndex 50" in msg and "CRC" in msg
-    # Refusing changed nothing on disk.
-    assert {p: open(p, "rb").read() for p in before} == before
+    assert ex.value.code is DLedgerResponseCode.DISK_ERROR and "catchup" in str(ex.value)
+
+
+def test_watermark_is_at_least_the_checkpointed_committed_index(tmp_path) -> None:
+    where = crashed_store(tmp_path, n=60, committed=50)
+    _pos, _size, path, off = where[20]
+    patch(path, off + BODY_OFFSET + 1, b"\xee")
+    for i in range(21, 60):  # the index records after the cut are gone too
+        ipath, ioff = index_path(tmp_path, i)
+        patch(ipath, ioff, bytes(INDEX_UNIT_SIZE))
+    store = open_store(tmp_path)
+    assert store.ledger_end_index == 19 and store.catchup_watermark == 50
 
 
 def test_a_bad_index_record_of_a_committed_entry_is_rewritten_from_the_data(tmp_path) -> None:
@@ -198,6 +232,5 @@ def test_flipped_bit_in_a_reserved_header_field_is_corruption(tmp_path, field_of
     where = crashed_store(tmp_path / "committed", n=60, committed=50)
     _pos, _size, path, off = where[50]
     patch(path, off + field_offset + 3, b"\x01")
-    with pytest.raises(DLedgerException) as ex:
-        open_store(tmp_path / "committed")
-    assert ex.value.code is DLedgerResponseCode.DISK_ERROR and "reserved header fields" in str(ex.value)
+    store = open_store(tmp_path / "committed")
+    assert store.ledger_end_index == 49 and store.catchup_watermark == 59
