@@ -1,0 +1,196 @@
+"""A member whose log has a flipped bit inside a *committed* entry rejoins by itself.
+
+Three real `DLedgerServer`s in this process (mmap file stores, loopback TCP): entries are
+committed everywhere, the group stops, one byte of a committed entry in n2's data file is flipped.
+On restart n2 cuts its log before the corrupt entry and persists a catch-up watermark; while
+below it, n2 grants no vote (so n1 + n2 cannot elect a leader although they are a majority) and
+never campaigns. Once n0 is back a leader is elected, n2 re-fetches the cut entries, clears the
+watermark and holds the leader's bytes again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from pathlib import Path
+
+import pytest
+
+from dledger.codes import DLedgerException, DLedgerResponseCode
+from dledger.config import DLedgerConfig
+from dledger.entry import BODY_OFFSET
+from dledger.member_state import Role
+from dledger.rpc.protocol import VoteRequest, VoteResult
+from dledger.server import DLedgerServer
+
+GROUP = "rejoin"
+IDS = ("n0", "n1", "n2")
+DATA_FILE = 64 * 1024
+INDEX_FILE = 32 * 1024
+N_ENTRIES = 200
+CORRUPT = 120  # committed on every member; not the first entry of its data file
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Group:
+    """In-process members; every started server is shut down at teardown."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.peers = ";".join(f"{m}-127.0.0.1:{p}" for m, p in zip(IDS, free_ports(3), strict=True))
+        self.servers: dict[str, DLedgerServer] = {}
+
+    def config(self, member: str) -> DLedgerConfig:
+        return DLedgerConfig(group=GROUP, self_id=member, peers=self.peers,
+                             store_base_dir=str(self.base / member),
+                             heart_beat_time_interval_ms=100, max_heart_beat_leak=3, min_vote_interval_ms=50,
+                             max_vote_interval_ms=150, check_point_interval_ms=100,
+                             mapped_file_size_for_entry_data=DATA_FILE,
+                             mapped_file_size_for_entry_index=INDEX_FILE)  # fmt: skip
+
+    async def start(self, member: str) -> DLedgerServer:
+        server = DLedgerServer(self.config(member))
+        self.servers[member] = server
+        await server.start()
+        return server
+
+    async def stop(self, member: str) -> None:
+        await self.servers.pop(member).shutdown()
+
+    async def leader(self, timeout_s: float = 5.0) -> DLedgerServer:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while asyncio.get_running_loop().time() < deadline:
+            for s in self.servers.values():
+                if s.member_state.is_leader():
+                    return s
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"no leader within {timeout_s}s")
+
+
+@pytest.fixture
+async def group(tmp_path: Path):
+    g = Group(tmp_path)
+    yield g
+    for member in list(g.servers):
+        await g.stop(member)
+
+
+async def wait_for(cond, timeout_s: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def flip_bit(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([b ^ 0x10]))
+
+
+def body(i: int) -> bytes:
+    return f"entry-{i:05d}-".encode() * (1 + i % 13)
+
+
+def committed_bytes(server: DLedgerServer) -> bytes:
+    """Every data-file byte up to the committed position."""
+    store = server.store
+    out = bytearray()
+    for mf in store.data_file_list.files:
+        end = min(mf.wrote_pos, store.committed_pos - mf.file_from_offset)
+        if end > 0:
+            out += mf.mm[:end]
+    return bytes(out)
+
+
+async def test_member_with_a_corrupt_committed_entry_refuses_votes_then_catches_up(
+    group: Group, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    for m in IDS:
+        await group.start(m)
+    leader = await group.leader()
+    for i in range(0, N_ENTRIES, 20):
+        await leader.append([body(j) for j in range(i, i + 20)])
+    end = leader.store.ledger_end_index
+    await wait_for(lambda: all(s.store.committed_index == end for s in group.servers.values()), 5,
+                   "every member to commit the whole log")
+    n2 = group.servers["n2"]
+    target = CORRUPT
+    entry = n2.store.get(target)
+    assert entry.body in {body(i) for i in range(N_ENTRIES)}  # a message, not the no-op
+    mf = n2.store.data_file_list.find_file(entry.pos)
+    path, local = mf.path, entry.pos - mf.file_from_offset
+    assert local > 0, "the corrupt entry must not be the first of its file"
+    for m in IDS:
+        await group.stop(m)
+
+    flip_bit(path, local + BODY_OFFSET + 7)  # one bit of the body of a committed entry
+    caplog.clear()
+
+    # n2 and n1 are a majority, but n2 lost committed entries: it must not help elect anyone.
+    n2 = await group.start("n2")
+    n1 = await group.start("n1")
+    assert n2.store.ledger_end_index == target - 1
+    assert any("event=committed_entries_cut" in r.getMessage() and f"lastGoodIndex={target - 1}"
+               in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+    assert n2.store.catchup_watermark >= end
+    catchup = Path(n2.config.default_path()) / "catchup"
+    assert catchup.read_text() == f"catchUpIndex={n2.store.catchup_watermark}\n"
+    assert n2.metadata()["recovering"] is True
+    with pytest.raises(DLedgerException) as ex:
+        n2.store.get(target)  # the corrupt entry is never served
+    assert ex.value.code is DLedgerResponseCode.INDEX_OUT_OF_RANGE
+    roles: list[Role] = []
+    n2.register_role_change_handler(lambda _term, role: roles.append(role))
+    terms = (n1.member_state.curr_term, n2.member_state.curr_term)
+    await asyncio.sleep(1.5)  # 5 election timeouts
+    assert not n1.member_state.is_leader() and not n2.member_state.is_leader()
+    assert (n1.member_state.curr_term, n2.member_state.curr_term) == terms  # no pre-vote passed
+    assert any("event=vote_refused_recovering" in r.getMessage() for r in caplog.records)
+    assert any("event=campaign_held_recovering" in r.getMessage() for r in caplog.records)
+    assert not any(f"campaign group={GROUP} selfId=n2" in r.getMessage() for r in caplog.records)
+    # A real vote request from an up-to-date candidate in a higher term: term adopted, no vote.
+    ms = n2.member_state
+    resp = await n2.elector.handle_vote(VoteRequest(
+        group=GROUP, remote_id="n2", local_id="n1", term=ms.curr_term + 1, ledger_end_index=end + 10,
+        ledger_end_term=n1.store.ledger_end_term + 1))  # fmt: skip
+    assert resp.vote_result == VoteResult.REJECT_TERM_NOT_READY
+    assert ms.curr_term == terms[1] + 1 and ms.vote_for is None
+    assert catchup.exists(), "the watermark survives until the member caught up"
+
+    # With n0 back a leader is elected without n2, which re-fetches what it cut.
+    await group.start("n0")
+    leader = await group.leader()
+    assert leader is not n2
+    await leader.append([b"after the rejoin"])
+    new_end = leader.store.ledger_end_index
+    await wait_for(lambda: n2.store.committed_index == new_end and not n2.metadata()["recovering"], 10,
+                   "n2 to catch up past its watermark")
+    assert Role.LEADER not in roles
+    assert not catchup.exists()
+    assert any("event=catch_up_complete" in r.getMessage() and "selfId=n2" in r.getMessage()
+               for r in caplog.records)
+    assert n2.store.get(target).body == leader.store.get(target).body == entry.body
+    await wait_for(lambda: all(s.store.committed_pos == leader.store.committed_pos
+                               for s in group.servers.values()), 5, "equal committed positions")
+    assert committed_bytes(n2) == committed_bytes(leader) == committed_bytes(group.servers["n1"])
+    # Caught up, n2 votes again.
+    ms = n2.member_state
+    resp = await n2.elector.handle_vote(VoteRequest(
+        group=GROUP, remote_id="n2", local_id="n1", term=ms.curr_term, ledger_end_index=new_end + 10,
+        ledger_end_term=leader.store.ledger_end_term, pre_vote=True, take_leadership=True))  # fmt: skip
+    assert resp.vote_result != VoteResult.REJECT_TERM_NOT_READY
