@@ -251,7 +251,7 @@ class PushEntryRequest(RequestOrResponse):
         self.entries, off = _get_entries(buf, off + _PUSH.size)
         if len(self.entries) > 1:
             # The entries' exact encoding, for a follower store that writes a run as-is (a view of
-            # the received frame, which is an immutable bytes object).
+            # the received frame, whose buffer nothing else reuses).
             self.raw = buf[start:off]
         return off
 

@@ -93,6 +93,12 @@ class Echo:
             group=req.group, remote_id=req.local_id, local_id=req.remote_id, term=req.term
         )
 
+    async def handle_push(self, req: PushEntryRequest) -> PushEntryResponse:
+        """Answers with the sum of the body bytes, so a mangled frame shows in the answer."""
+        total = sum(sum(e.body) for e in req.entries)
+        return PushEntryResponse(group=req.group, term=req.term, index=req.entries[-1].index,
+                                 begin_index=len(req.entries), end_index=total)
+
 
 def free_port() -> int:
     s = socket.socket()
@@ -148,6 +154,51 @@ async def test_tcp_closes_connection_on_oversized_frame_before_reading_it() -> N
         writer.write(struct.pack(">I", 1 << 30))  # claims 1 GB; nothing else sent
         await writer.drain()
         assert await asyncio.wait_for(reader.read(), 2.0) == b""  # closed by the server
+        writer.close()
+    finally:
+        await server.shutdown()
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4096, 70_000])
+async def test_tcp_reassembles_small_and_large_frames_split_at_any_byte(chunk: int) -> None:
+    """Frames written in arbitrary pieces, several per read and large ones (which get a receive
+    buffer of their own) between small ones, all arrive intact and in order."""
+    peers = {"n0": f"127.0.0.1:{free_port()}"}
+    server = TcpRpcService("g", "n0", peers)
+    server.register_handler(Echo())  # type: ignore[arg-type]
+    await server.start()
+    frames, expected = [], []
+    for rid, n in enumerate([1, 700, 2, 1, 300, 5], start=1):  # 700 x 1 KB: a large frame
+        entries = [entry(i, bytes([i % 251]) * 1024) for i in range(n)]
+        req = PushEntryRequest(group="g", remote_id="n0", local_id="c", term=1, entries=entries)
+        frames.append(encode_frame(KIND_REQUEST, rid, req))
+        expected.append((rid, n, sum(sum(e.body) for e in entries)))
+        hb = HeartBeatRequest(group="g", remote_id="n0", local_id="c", term=0)
+        frames.append(encode_frame(KIND_REQUEST, 100 + rid, hb))
+    data = b"".join(frames)
+    try:
+        host, port = peers["n0"].split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        step = chunk if chunk > 3 else 997  # byte-sized writes across the large frame would take long
+        for off in range(0, len(data), step):
+            piece = data[off : off + step]
+            if chunk <= 3:
+                for i in range(0, len(piece), chunk):
+                    writer.write(piece[i : i + chunk])
+                    await writer.drain()
+            else:
+                writer.write(piece)
+                await writer.drain()
+        got = {}
+        while len(got) < len(frames):
+            head = await asyncio.wait_for(reader.readexactly(4), 5.0)
+            rest = await reader.readexactly(int.from_bytes(head, "big"))
+            _, kind, rtype, rid = FRAME_HEAD.unpack_from(head + rest)
+            got[rid] = decode_frame_body(kind, rtype, memoryview(rest)[FRAME_HEAD.size - 4 :])
+        for rid, n, total in expected:
+            assert got[rid].code == DLedgerResponseCode.SUCCESS
+            assert (got[rid].begin_index, got[rid].end_index) == (n, total)
+            assert isinstance(got[100 + rid], HeartBeatResponse)
         writer.close()
     finally:
         await server.shutdown()
