@@ -96,8 +96,13 @@ class Echo:
     async def handle_push(self, req: PushEntryRequest) -> PushEntryResponse:
         """Answers with the sum of the body bytes, so a mangled frame shows in the answer."""
         total = sum(sum(e.body) for e in req.entries)
-        return PushEntryResponse(group=req.group, term=req.term, index=req.entries[-1].index,
-                                 begin_index=len(req.entries), end_index=total)
+        return PushEntryResponse(
+            group=req.group,
+            term=req.term,
+            index=req.entries[-1].index,
+            begin_index=len(req.entries),
+            end_index=total,
+        )
 
 
 def free_port() -> int:
