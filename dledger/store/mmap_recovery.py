@@ -7,8 +7,8 @@
    size = 48 + body length, the pos it sits at, index = previous + 1, term >= previous term, a
    matching body CRC, and an index record equal to (magic, pos, size, index, term). A zero header
    ends the data; any failure ends it too and everything from there on is a torn or corrupt tail.
-   An index record that is wrong for an entry at or below the checkpointed committed index is
-   rewritten from the (CRC-valid) entry instead, because committed entries are never cut.
+   A missing (zeroed) index record of an entry at or below the checkpointed committed index is
+   rewritten from the (CRC-valid) entry instead; a different record is corruption like any other.
 4. If the tail to cut starts at or below the checkpointed committed index (a flipped bit or a
    lost sector inside committed data), the member cannot serve those entries, but the leader
    still has them: cut there like any tail, and persist a catch-up watermark first (the
@@ -136,7 +136,7 @@ def _first_entry_ok(store: DLedgerMmapFileStore, mf: MmapFile, committed: int) -
         magic, size, index, term = _check_entry(mf, off)
     except _Corrupt:
         return False
-    # A committed entry's index record is rewritten by the scan if it is bad.
+    # A committed entry's index record is checked (rebuilt when missing) by the scan.
     return index <= committed or _read_index_record(store.index_file_list, index) == (
         magic, mf.file_from_offset + off, size, index, term)
 
@@ -215,7 +215,10 @@ def recover(store: DLedgerMmapFileStore) -> None:
         record = (magic, pos, size, index, term)
         found = _read_index_record(il, index)
         if found != record:
-            if index <= committed and _write_index_record(il, index, record):
+            # A missing (zero) record of a committed entry is rebuilt from the CRC-checked entry; a
+            # different one means the header or the record is corrupt (a flipped term, say, which
+            # the body CRC cannot see): cut there, the leader still has the entry.
+            if index <= committed and not any(found or ()) and _write_index_record(il, index, record):
                 repaired += 1
                 log.debug("event=index_record_rewritten index=%d found=%s", index, found)
             else:

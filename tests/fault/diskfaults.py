@@ -136,7 +136,9 @@ def entries(data_dir: str | Path, index_dir: str | Path) -> list[EntryLocation]:
     return out
 
 
-def _data_file_for(data_dir: Path, pos: int) -> tuple[Path, int]:
+def data_file_for(data_dir: str | Path, pos: int) -> tuple[Path, int]:
+    """(data file, local offset) of global position `pos`."""
+    data_dir = Path(data_dir)
     files = sorted((int(p.name), p) for p in data_dir.iterdir() if p.name.isdigit())
     for base, path in reversed(files):
         if base <= pos:
@@ -150,7 +152,7 @@ def torn_tail(data_dir: str | Path, index_dir: str | Path) -> dict[str, int]:
     if not locs:
         raise ValueError(f"{index_dir}: no entries to tear")
     last = locs[-1]
-    path, local = _data_file_for(Path(data_dir), last.pos)
+    path, local = data_file_for(Path(data_dir), last.pos)
     keep = max(BODY_OFFSET // 2, last.size // 2)
     zero_from(path, local + keep, local + last.size)
     return {"index": last.index, "pos": last.pos, "size": last.size, "kept": keep}
@@ -166,7 +168,7 @@ def bit_flip(data_dir: str | Path, index_dir: str | Path, rng: random.Random,
     loc = next(e for e in locs if e.index == index) if index is not None else rng.choice(locs)
     offset = rng.randrange(BODY_OFFSET, loc.size) if in_body else rng.randrange(0, BODY_OFFSET)
     bit = rng.randrange(8)
-    path, local = _data_file_for(Path(data_dir), loc.pos)
+    path, local = data_file_for(Path(data_dir), loc.pos)
     with open(path, "r+b") as fh:
         fh.seek(local + offset)
         byte = fh.read(1)[0]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from dledger.entry import BODY_OFFSET
+from dledger.store.checkpoint import read_checkpoint
+from tests.fault import diskfaults
 from tests.fault.cluster import PY, REPO
 from tests.fault.history import FAIL, OK, Event, load_history, pair_operations
 from tests.fault.scenario import Ctx, _save, assert_safe, brief, run_scenario
@@ -284,24 +286,32 @@ async def test_row09_torn_tail(tmp_path: Path) -> None:
 
 # -- row 10 ------------------------------------------------------------------------------------------
 async def minority_corruption(ctx: Ctx, in_body: bool = True) -> None:
+    """Flip one bit of a follower's entry at or below its checkpointed committed index (so the
+    store cannot simply cut an uncommitted tail), restart it: it must cut, re-fetch from the leader
+    and rejoin by itself, never leading while it is below its catch-up watermark. Then the leader
+    is killed, so the group has to elect with the (possibly still recovering) victim."""
     await ctx.sleep(3)
     leader, _ = ctx.cluster.current_leader()
     victim = next(m for m in ctx.cluster.members if m is not leader)
-    committed = int(ctx.cluster.last_status.get(victim.name, {}).get("committedIndex", 0))
     ctx.cluster.kill(victim)
-    ctx.extra["flip"] = ctx.cluster.bit_flip(victim, index=max(1, committed // 2), in_body=in_body)
+    committed = read_checkpoint(str(victim.dledger_dir / "checkpoint")).committed_index
+    data_dir, index_dir = victim.dledger_dir / "data", victim.dledger_dir / "index"
+    locs = {e.index: e for e in diskfaults.entries(data_dir, index_dir)}
+    # An entry with a body in the same data file as the checkpointed committed entry (recovery
+    # checks the last three files and the committed entry's), preferably not that file's first.
+    same_file = diskfaults.data_file_for(data_dir, locs[committed].pos)[0] if committed in locs else None
+    candidates = [i for i in range(max(1, committed - 50), committed + 1)
+                  if i in locs and locs[i].size > BODY_OFFSET
+                  and diskfaults.data_file_for(data_dir, locs[i].pos)[0] == same_file]
+    assert candidates, f"{victim.name}: no committed entry to corrupt (checkpoint committed {committed})"
+    index = ctx.rng.choice(candidates)
+    ctx.extra["flip"] = ctx.cluster.bit_flip(victim, index=index, in_body=in_body)
+    ctx.extra["checkpoint_committed"] = committed
     ctx.extra["victim"] = victim.name
-    try:
-        await ctx.cluster.restart(victim)
-    except RuntimeError as exc:  # refusing to start on a corrupt log is an accepted fail-stop
-        ctx.extra["fail_stop"] = str(exc)[-300:]
-        # The operator's remedy the member asks for: remove its store so it resyncs from the leader.
-        shutil.rmtree(victim.store_root)
-        ctx.history.nemesis("wipe_store", victim.name)
-        await ctx.cluster.restart(victim)
-        ctx.extra["resynced_after_wipe"] = True
+    log_mark = victim.log_path.stat().st_size if victim.log_path.exists() else 0
+    ctx.extra["victim_log_from"] = log_mark
+    await ctx.cluster.restart(victim)  # no fail-stop: the member recovers by itself
     await ctx.sleep(2)
-    # Now take the leader away: the corrupted member must not win with the corrupt entry.
     leader, _ = ctx.cluster.current_leader()
     if leader is not None and leader is not victim:
         ctx.cluster.kill(leader)
@@ -310,27 +320,44 @@ async def minority_corruption(ctx: Ctx, in_body: bool = True) -> None:
     await ctx.sleep(ctx.remaining())
 
 
-@fault
-async def test_row10_minority_corruption(tmp_path: Path) -> None:
-    report = await run_scenario("row10_minority_corruption", 10, tmp_path, minority_corruption, duration_s=10)
-    assert_safe(report)
-    # Either it truncated and re-fetched by itself, or it refused to start (fail-stop) and was
-    # resynced from scratch: both ways its committed bytes end equal to the others'.
-    victim = report["extra"]["victim"]
+def assert_rejoined_after_corruption(report: dict, tmp_path: Path) -> None:
+    """The victim cut below its checkpointed commit index, caught up, never led meanwhile, and now
+    holds and serves the same committed bytes as the others."""
+    extra = report["extra"]
+    victim = extra["victim"]
     assert victim not in report["fail_stopped"], brief(report)
+    assert 0 < extra["flip"]["index"] <= extra["checkpoint_committed"], brief(report)
+    with open(tmp_path / "cluster" / f"{victim}.log", "rb") as f:
+        f.seek(extra["victim_log_from"])
+        lines = f.read().decode(errors="replace").splitlines()
+    cut = next((i for i, line in enumerate(lines) if "event=committed_entries_cut" in line), None)
+    assert cut is not None, f"{victim} never cut its corrupt committed entry: {brief(report)}"
+    assert f"lastGoodIndex={extra['flip']['index'] - 1} " in lines[cut], lines[cut]
+    done = next((i for i in range(cut, len(lines)) if "event=catch_up_complete" in lines[i]), None)
+    assert done is not None, f"{victim} never caught up past its watermark: {brief(report)}"
+    led = [line for line in lines[cut:done] if f"selfId={victim}" in line and "-> LEADER" in line]
+    assert not led, f"{victim} led while recovering: {led}"
+    extra["recovery"] = {"cut": lines[cut][-220:], "caught_up": lines[done][-160:]}
+    _save(report["scenario"], report, tmp_path)  # the report again, with the recovery log lines
     assert any(victim in (c["a"], c["b"]) for c in report["prefixes"]["compared"]), brief(report)
     assert report["read_back_per_member"][victim] == report["total_queue"]["read"], brief(report)
 
 
+@fault
+async def test_row10_minority_corruption(tmp_path: Path) -> None:
+    report = await run_scenario("row10_minority_corruption", 10, tmp_path, minority_corruption, duration_s=10)
+    assert_safe(report)
+    assert_rejoined_after_corruption(report, tmp_path)
+
+
 @fault_full
 async def test_row10_minority_header_corruption(tmp_path: Path) -> None:
-    """A flip in an entry's header (magic, size, index, term, pos...) rather than its body."""
+    """A flip in an entry's header (magic, size, index, term, pos...) rather than its body: the
+    body CRC cannot see it, the header checks and the index record cross-check do."""
     report = await run_scenario("row10_minority_header_corruption", 10, tmp_path,
                                 lambda ctx: minority_corruption(ctx, in_body=False), duration_s=10)
     assert_safe(report)
-    victim = report["extra"]["victim"]
-    assert victim not in report["fail_stopped"], brief(report)
-    assert report["read_back_per_member"][victim] == report["total_queue"]["read"], brief(report)
+    assert_rejoined_after_corruption(report, tmp_path)
 
 
 # -- row 11 ------------------------------------------------------------------------------------------

@@ -234,3 +234,18 @@ def test_flipped_bit_in_a_reserved_header_field_is_corruption(tmp_path, field_of
     patch(path, off + field_offset + 3, b"\x01")
     store = open_store(tmp_path / "committed")
     assert store.ledger_end_index == 49 and store.catchup_watermark == 59
+
+
+def test_a_flipped_term_in_a_committed_header_is_cut_not_trusted(tmp_path) -> None:
+    """The body CRC cannot see the header: a committed entry whose term disagrees with its
+    (non-zero) index record is corruption, cut with a watermark, not re-indexed from the header."""
+    where = crashed_store(tmp_path, n=60, committed=55)
+    _pos, _size, path, off = where[50]  # inside the scanned region (the last three data files)
+    with open(path, "r+b") as f:
+        f.seek(off + 16 + 7)  # lowest byte of the term field
+        b = f.read(1)[0]
+        f.seek(off + 16 + 7)
+        f.write(bytes([b ^ 0x04]))  # a higher term: later entries' terms would not go backwards
+    store = open_store(tmp_path)
+    assert store.ledger_end_index == 49 and store.catchup_watermark == 59
+    assert store.committed_index == 49
