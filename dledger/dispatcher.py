@@ -302,9 +302,15 @@ class EntryDispatcher:
 
     def _attach_raw(self, req: PushEntryRequest, size: int) -> None:
         """Send the batch as the bytes the store already holds (one copy instead of one encode per
-        entry per follower), when they are contiguous in one data file."""
+        entry per follower), when they are contiguous in one data file. Followers that keep pace
+        are sent the same batches, so the last copy is shared through the pusher."""
         first, last = req.entries[0], req.entries[-1]
         if last.pos + last.size - first.pos != size:
+            return
+        key = (first.index, last.index, first.pos, size, self.term)
+        shared = self.pusher.last_raw
+        if shared is not None and shared[0] == key:
+            req.raw = shared[1]
             return
         try:
             view = self.raw_reader(first.pos, size)  # type: ignore[misc]
@@ -313,6 +319,7 @@ class EntryDispatcher:
         req.raw = bytes(view)
         if isinstance(view, memoryview):
             view.release()
+        self.pusher.last_raw = (key, req.raw)
 
     def cancel_sends(self) -> None:
         """Shutdown: drop every push still waiting for its answer."""

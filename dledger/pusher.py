@@ -77,6 +77,8 @@ class DLedgerEntryPusher:
         self._cache: deque[DLedgerEntry] = deque()
         self._cache_base = 0
         self._cache_bytes = 0
+        # The stored bytes of the last batch pushed, keyed by (first, last index, pos, size, term).
+        self.last_raw: tuple[tuple[int, int, int, int, int], bytes] | None = None
         self._catch_up_waiters: list[tuple[str, int, asyncio.Future[None]]] = []
         self._own_flush_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -138,6 +140,7 @@ class DLedgerEntryPusher:
     # -- leader appends -------------------------------------------------------------------
     def _reset_cache(self) -> None:
         self._cache.clear()
+        self.last_raw = None
         self._cache_base = self.store.ledger_end_index + 1
         self._cache_bytes = 0
 

@@ -468,14 +468,37 @@ def _read_header_strs(body: memoryview) -> tuple[tuple[str, str, str, str], int]
     return strs, off
 
 
+_SEPARATE_PART_SIZE = 64 * 1024  # pieces this large are written as they are; smaller ones are joined
+
+
 def encode_frame(kind: int, request_id: int, msg: RequestOrResponse) -> bytes:
     """One complete frame (length prefix included) for `msg`."""
+    return b"".join(encode_frame_parts(kind, request_id, msg))
+
+
+def encode_frame_parts(kind: int, request_id: int, msg: RequestOrResponse) -> list[bytes]:
+    """The frame for `msg` as pieces to write in order (a batch push's stored bytes stay one piece,
+    never copied into a joined frame)."""
     out: list[bytes] = [b"", _header_strs(msg.group, msg.remote_id, msg.local_id, msg.leader_id or "")]
     out.append(_COMMON_TAIL.pack(msg.term, msg.code))
     msg._enc(out)
     body_len = sum(map(len, out))
     out[0] = FRAME_HEAD.pack(body_len + FRAME_HEAD.size - 4, kind, msg.request_code, request_id)
-    return b"".join(out)
+    if body_len < _SEPARATE_PART_SIZE:
+        return [b"".join(out)]
+    parts: list[bytes] = []
+    small: list[bytes] = []
+    for p in out:
+        if len(p) >= _SEPARATE_PART_SIZE:
+            if small:
+                parts.append(b"".join(small))
+                small = []
+            parts.append(p)
+        else:
+            small.append(p)
+    if small:
+        parts.append(b"".join(small))
+    return parts
 
 
 def decode_frame_body(kind: int, rtype: int, body: memoryview) -> RequestOrResponse:

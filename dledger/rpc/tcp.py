@@ -27,7 +27,7 @@ from dledger.rpc.protocol import (
     RequestOrResponse,
     RpcService,
     decode_frame_body,
-    encode_frame,
+    encode_frame_parts,
     error_response,
 )
 
@@ -70,12 +70,13 @@ class _FrameConnection(asyncio.BufferedProtocol):
         self.closed = True
         self.transport = None
 
-    def write(self, frame: bytes) -> None:
+    def write(self, parts: list[bytes]) -> None:
+        """Queue one frame's pieces; everything queued in this loop iteration goes out in one writelines."""
         if self.transport is None:
             return
         if not self._out:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._out.append(frame)
+        self._out.extend(parts)
 
     def _flush(self) -> None:
         out, self._out = self._out, []
@@ -199,7 +200,7 @@ class _ServerConnection(_FrameConnection):
             except Exception:
                 log.exception("handler failed for %s at selfId=%s", type(req).__name__, svc.self_id)
                 resp = error_response(req, DLedgerResponseCode.INTERNAL_ERROR, svc.self_id)
-        self.write(encode_frame(KIND_RESPONSE, rid, resp))
+        self.write(encode_frame_parts(KIND_RESPONSE, rid, resp))
 
 
 class _ClientConnection(_FrameConnection):
@@ -330,7 +331,7 @@ class TcpRpcService(RpcService):
         rid = next(self._ids)
         fut = loop.create_future()
         conn.pending[rid] = fut
-        conn.write(encode_frame(KIND_REQUEST, rid, req))
+        conn.write(encode_frame_parts(KIND_REQUEST, rid, req))
         handle = loop.call_later(timeout_s, _expire, fut, peer_id, timeout_s)
         try:
             return await fut
