@@ -360,3 +360,87 @@ def summarize(events: Sequence[Event]) -> dict[str, int]:
         counts[{OK: "acked", FAIL: "failed", INFO: "info"}[kind]] += 1
     counts["polls"] = sum(1 for e in events if e.f == "poll" and e.type == INVOKE)
     return counts
+
+
+# -- group consumption with receipts (simple consumer) ------------------------------------------------
+# `receive`: ok value {"invisible_ms": N, "messages": [[queueKey, queueOffset, body, receiptHandle]]}
+# (queueKey = "<topic>/<queueId>"); `ack`: ok value {"results": [[queueKey, queueOffset, handle,
+# status]]} with status "OK" or "EXPIRED". A handle starts with the master's epoch ("<epoch>.").
+RECEIPT_SLACK_NS = 5_000_000  # the broker's invisibility clock is whole milliseconds
+
+
+def term_change_times(events: Iterable[Event]) -> list[int]:
+    """Monitor times at which some member first reported a term above every earlier one."""
+    out, high = [], None
+    for e in status_samples(events):
+        term = int(e.value.get("term", -1) or -1)
+        if high is not None and term > high:
+            out.append(e.time_ns)
+        high = term if high is None else max(high, term)
+    return out
+
+
+_TERM_SAMPLE_LAG_NS = 500_000_000  # the monitor samples /status every 100 ms, slower under load
+
+
+def receipts(events: Sequence[Event], term_changes_ns: Sequence[int] = ()) -> dict[str, Any]:
+    """What a shared-queue consumer group guarantees per message (there is no queue ownership:
+    every consumer of a group receives from every queue):
+
+    1. `overlaps`: within one master epoch, a message is never handed out again while an earlier
+       delivery of it is still invisible. Flagged when the second delivery *completed* before the
+       first was even invoked + invisibleMs (the broker's deadline lies after the first invoke).
+    2. `double_acks`: a message is acknowledged OK at most once, group-wide.
+    3. `stale_acks`: an OK ack uses the message's latest handle: no later delivery of it (invoked
+       after the acked one completed) completed before the ack was invoked — a redelivery
+       invalidates the earlier handle.
+    4. `acked_redelivered`: a message is not delivered again once an OK ack of it completed.
+    A new master term redelivers in-flight messages at once: an overlap with a term change
+    (`term_changes_ns`, see `term_change_times`) between the two deliveries is not flagged.
+    """
+    deliveries: dict[tuple[str, int], list[tuple[int, int, int, str]]] = defaultdict(list)
+    acks: dict[tuple[str, int], list[tuple[int, int, str]]] = defaultdict(list)
+    expired = 0
+    for inv, done in pair_operations(e for e in events if e.f in ("receive", "ack")):
+        if done is None or done.type != OK:
+            continue
+        if inv.f == "receive":
+            inv_ns = int(done.value["invisible_ms"]) * 1_000_000
+            for queue, offset, _body, handle in done.value["messages"]:
+                deliveries[(queue, int(offset))].append((inv.time_ns, done.time_ns, inv_ns, handle))
+        else:
+            for queue, offset, handle, status in done.value["results"]:
+                if status == "OK":
+                    acks[(queue, int(offset))].append((inv.time_ns, done.time_ns, handle))
+                else:
+                    expired += 1
+    overlaps, double_acks, stale_acks, redelivered = [], [], [], []
+    for key, ds in deliveries.items():
+        ds.sort(key=lambda d: d[1])
+        for i, (t_inv, _t_done, inv_ns, handle) in enumerate(ds):
+            epoch = handle.split(".", 1)[0]
+            for _t2_inv, t2_done, _, h2 in ds[i + 1:]:
+                if h2.split(".", 1)[0] == epoch and t2_done + RECEIPT_SLACK_NS < t_inv + inv_ns and not any(
+                        t_inv <= t <= t2_done + _TERM_SAMPLE_LAG_NS for t in term_changes_ns):
+                    overlaps.append({"message": list(key), "first": handle, "second": h2,
+                                     "second_done_ms_after_first_invoke": (t2_done - t_inv) / 1e6})
+        for a_inv, a_done, a_handle in acks.get(key, []):
+            mine = next((d for d in ds if d[3] == a_handle), None)
+            if mine is None or any(t_inv > mine[1] and t_done < a_inv for t_inv, t_done, _, _ in ds):
+                # acked with a handle never handed out, or one a later delivery had replaced
+                stale_acks.append({"message": list(key), "handle": a_handle})
+            if any(t_inv > a_done for t_inv, _, _, _ in ds):
+                redelivered.append({"message": list(key), "acked_handle": a_handle})
+    for key, a in acks.items():
+        if len(a) > 1:
+            double_acks.append({"message": list(key), "handles": [x[2] for x in a]})
+    n_deliveries = sum(len(d) for d in deliveries.values())
+    return {"valid": not (overlaps or double_acks or stale_acks or redelivered),
+            "messages": len(deliveries), "deliveries": n_deliveries,
+            "redeliveries": n_deliveries - len(deliveries), "acked": sum(len(a) for a in acks.values()),
+            "expired_acks": expired,
+            "overlap_count": len(overlaps), "overlaps": overlaps[:MAX_ITEMS_REPORTED],
+            "double_ack_count": len(double_acks), "double_acks": double_acks[:MAX_ITEMS_REPORTED],
+            "stale_ack_count": len(stale_acks), "stale_acks": stale_acks[:MAX_ITEMS_REPORTED],
+            "acked_redelivered_count": len(redelivered),
+            "acked_redelivered": redelivered[:MAX_ITEMS_REPORTED]}

@@ -17,6 +17,7 @@ from tests.fault.checkers import (
     new_master_times,
     raft_invariants,
     read_range,
+    receipts,
     summarize,
     total_queue,
 )
@@ -308,3 +309,73 @@ def test_committed_index_beyond_the_files_is_flagged(tmp_path: Path) -> None:
 def test_event_from_json_rejects_non_objects() -> None:
     with pytest.raises(ValueError):
         Event.from_json("[1, 2]")
+
+
+# -- receipts (shared-queue group consumption) --------------------------------------------------------
+class Receipts:
+    """Hand-built receive/ack history with explicit times (ms)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.ids = 0
+
+    def _op(self, f: str, t_inv: float, t_done: float, value: dict) -> None:
+        self.ids += 1
+        self.events.append(Event("invoke", f, "c", self.ids, int(t_inv * 1e6)))
+        self.events.append(Event(OK, f, "c", self.ids, int(t_done * 1e6), value))
+
+    def receive(self, t_inv: float, t_done: float, offset: int, handle: str, inv_ms: int = 1000) -> None:
+        self._op("receive", t_inv, t_done, {"invisible_ms": inv_ms,
+                                            "messages": [["T/0", offset, f"m{offset}", handle]]})
+
+    def ack(self, t_inv: float, t_done: float, offset: int, handle: str, status: str = "OK") -> None:
+        self._op("ack", t_inv, t_done, {"results": [["T/0", offset, handle, status]]})
+
+
+def test_receipts_clean_history_with_a_redelivery_after_the_invisible_time_passes() -> None:
+    r = Receipts()
+    r.receive(0, 5, 0, "e1.0.0.1")       # consumer killed before acking
+    r.receive(1010, 1012, 0, "e1.0.0.2")  # visible again after 1000 ms: redelivered
+    r.ack(1100, 1105, 0, "e1.0.0.1", "EXPIRED")  # the first handle is dead
+    r.ack(1110, 1115, 0, "e1.0.0.2")
+    r.receive(2000, 2003, 1, "e1.0.1.3")
+    r.ack(2010, 2012, 1, "e1.0.1.3")
+    res = receipts(r.events)
+    assert res["valid"], res
+    assert (res["messages"], res["deliveries"], res["redeliveries"], res["acked"], res["expired_acks"]) == (
+        2, 3, 1, 2, 1)
+
+
+def test_receipts_flag_a_message_handed_out_twice_while_invisible() -> None:
+    r = Receipts()
+    r.receive(0, 5, 0, "e1.0.0.1")
+    r.receive(300, 302, 0, "e1.0.0.2")  # 300 ms later, still invisible to the group
+    res = receipts(r.events)
+    assert not res["valid"] and res["overlap_count"] == 1
+    # A new master (another epoch) redelivers in-flight messages at once: not an overlap.
+    r = Receipts()
+    r.receive(0, 5, 0, "e1.0.0.1")
+    r.receive(300, 302, 0, "e2.0.0.1")
+    assert receipts(r.events)["valid"]
+
+
+def test_receipts_flag_double_acks_stale_handles_and_redelivery_after_ack() -> None:
+    r = Receipts()
+    r.receive(0, 5, 0, "e1.0.0.1")
+    r.receive(1010, 1012, 0, "e1.0.0.2")
+    r.ack(1100, 1105, 0, "e1.0.0.1")  # the replaced handle accepted
+    res = receipts(r.events)
+    assert not res["valid"] and res["stale_ack_count"] == 1
+    r.ack(1110, 1115, 0, "e1.0.0.2")
+    res = receipts(r.events)
+    assert res["double_ack_count"] == 1
+    r.receive(3000, 3004, 0, "e1.0.0.3")  # delivered again after an OK ack completed
+    assert receipts(r.events)["acked_redelivered_count"] == 2  # after both OK acks
+
+
+def test_receipts_excuse_an_overlap_across_a_term_change() -> None:
+    r = Receipts()
+    r.receive(0, 5, 0, "e1.0.0.1")
+    r.receive(300, 302, 0, "e1.0.0.2")
+    assert receipts(r.events, term_changes_ns=[int(250e6)])["valid"]  # a new term in between
+    assert not receipts(r.events, term_changes_ns=[int(5000e6)])["valid"]
