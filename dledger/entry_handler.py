@@ -126,6 +126,7 @@ class EntryHandler:
         return local.term == term and local.pos == pos
 
     def _handle_compare(self, req: PushEntryRequest) -> PushEntryResponse:
+        self.gap_since.clear()  # the leader resyncs: earlier gaps are moot
         e = req.entries[0]
         if self._holds(e.index, e.term, e.pos):
             return self._resp(req, DLedgerResponseCode.SUCCESS, e.index)
@@ -194,17 +195,16 @@ class EntryHandler:
     async def _park(self, req: PushEntryRequest, first: int) -> PushEntryResponse:
         loop = asyncio.get_running_loop()
         now = loop.time()
-        since = now
+        # The deadline counts from the first push for this index, also across an expiry: a leader
+        # resending on its own timeout (its answer raced ours) is told INCONSISTENT_STATE at once.
+        since = self.gap_since.get(first, now)
         old = self.waiting.pop(first, None)
         if old is not None:
             old[2].cancel()
-            since = self.gap_since.get(first, now)
             if not old[1].done():
                 old[1].set_result(self._resp(old[0], DLedgerResponseCode.REPEATED_PUSH))
         elif len(self.waiting) >= self.max_waiting:
             return self._resp(req, DLedgerResponseCode.PUSH_REQUEST_IS_FULL)
-        # The deadline counts from the first push for this index: a leader resending on its own
-        # timeout must not keep a gap (entries we lost in a crash) waiting forever.
         self.gap_since[first] = since
         fut: asyncio.Future[PushEntryResponse] = loop.create_future()
         handle = loop.call_later(max(since + self.wait_timeout_s - now, 0.001), self._expire, first, fut)
@@ -214,8 +214,7 @@ class EntryHandler:
     def _expire(self, first: int, fut: asyncio.Future[PushEntryResponse]) -> None:
         item = self.waiting.get(first)
         if item is not None and item[1] is fut:
-            del self.waiting[first]
-            self.gap_since.pop(first, None)
+            del self.waiting[first]  # gap_since[first] stays until the gap fills or a resync
             if not fut.done():
                 log.info(
                     "push at %d waited for %d too long group=%s selfId=%s",

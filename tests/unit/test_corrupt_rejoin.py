@@ -194,3 +194,51 @@ async def test_member_with_a_corrupt_committed_entry_refuses_votes_then_catches_
         group=GROUP, remote_id="n2", local_id="n1", term=ms.curr_term, ledger_end_index=new_end + 10,
         ledger_end_term=leader.store.ledger_end_term, pre_vote=True, take_leadership=True))  # fmt: skip
     assert resp.vote_result != VoteResult.REJECT_TERM_NOT_READY
+
+
+async def test_a_follower_restarted_with_a_cut_log_is_resynced_by_the_running_leader(
+    group: Group, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The leader keeps running and believes the follower is at its old end; the follower comes
+    back far below it. The leader must find the follower's real end (COMPARE) and re-fetch it
+    without waiting for a leader change (it used to take 3-6 s in a third of the runs: the
+    follower's answer to a parked push raced the leader's push timeout, and every resend was
+    parked afresh)."""
+    for m in IDS:
+        await group.start(m)
+    leader = await group.leader()
+    for i in range(0, N_ENTRIES, 20):
+        await leader.append([body(j) for j in range(i, i + 20)])
+    victim = next(m for m in IDS if group.servers[m] is not leader)
+    end = leader.store.ledger_end_index
+    v = group.servers[victim]
+    await wait_for(lambda: v.store.committed_index == end, 5, "the victim to commit everything")
+    entry = v.store.get(CORRUPT)
+    mf = v.store.data_file_list.find_file(entry.pos)
+    path, local = mf.path, entry.pos - mf.file_from_offset
+    await group.stop(victim)
+    flip_bit(path, local + BODY_OFFSET + 3)
+    v = await group.start(victim)
+    assert v.store.ledger_end_index == CORRUPT - 1 and v.metadata()["recovering"]
+    t0 = asyncio.get_running_loop().time()
+    stop = asyncio.Event()
+
+    async def keep_writing() -> None:
+        i = 0
+        while not stop.is_set():
+            await leader.append([f"more-{i}".encode()])
+            i += 1
+            await asyncio.sleep(0.02)
+
+    writer = asyncio.create_task(keep_writing())
+    try:
+        await wait_for(lambda: not v.metadata()["recovering"], 8, "the victim to catch up")
+    finally:
+        stop.set()
+        await writer
+    took = asyncio.get_running_loop().time() - t0
+    assert leader.member_state.is_leader() and leader.member_state.curr_term == v.member_state.curr_term
+    assert v.store.get(CORRUPT).body == entry.body
+    # One push timeout (1 s) at most: the follower answers a resent push for a gap it already
+    # reported at once, so the leader's resend cannot race the follower's answer forever.
+    assert took < 4.0, f"caught up only after {took:.2f}s"
