@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -337,7 +339,13 @@ def assert_rejoined_after_corruption(report: dict, tmp_path: Path) -> None:
     assert done is not None, f"{victim} never caught up past its watermark: {brief(report)}"
     led = [line for line in lines[cut:done] if f"selfId={victim}" in line and "-> LEADER" in line]
     assert not led, f"{victim} led while recovering: {led}"
-    extra["recovery"] = {"cut": lines[cut][-220:], "caught_up": lines[done][-160:]}
+    fields = {k: int(v) for k, v in re.findall(
+        r"(lastGoodIndex|checkpointCommitted|oldEnd|catchUpWatermark)=(\d+)", lines[cut])}
+    fields["endAtCatchUp"] = int(re.search(r" end=(\d+)", lines[done]).group(1))
+    stamps = [datetime.strptime(lines[i][:23], "%Y-%m-%d %H:%M:%S,%f") for i in (cut, done)]
+    extra["recovery"] = {**fields,
+                         "reason": lines[cut].rsplit(": ", 1)[-1].split(";", 1)[0][:120],
+                         "cut_to_caught_up_s": round((stamps[1] - stamps[0]).total_seconds(), 2)}
     _save(report["scenario"], report, tmp_path)  # the report again, with the recovery log lines
     assert any(victim in (c["a"], c["b"]) for c in report["prefixes"]["compared"]), brief(report)
     assert report["read_back_per_member"][victim] == report["total_queue"]["read"], brief(report)
