@@ -249,3 +249,28 @@ def test_a_flipped_term_in_a_committed_header_is_cut_not_trusted(tmp_path) -> No
     store = open_store(tmp_path)
     assert store.ledger_end_index == 49 and store.catchup_watermark == 59
     assert store.committed_index == 49
+
+
+def test_a_corrupt_first_entry_of_a_single_file_log_cuts_everything_with_a_watermark(tmp_path) -> None:
+    """No data file starts with a valid entry: the whole log is re-fetched (begin index unknown is
+    refused only when files before the scanned region exist)."""
+    cfg = DLedgerConfig(store_base_dir=str(tmp_path), mapped_file_size_for_entry_data=64 * 1024,
+                        mapped_file_size_for_entry_index=INDEX_FILE)
+    store = DLedgerMmapFileStore(cfg)
+    store.recover()
+    for i in range(10):
+        store.append_as_leader(DLedgerEntry(body=body_for(i)), 1)
+    store.update_committed_index(1, 8)
+    store.flush()
+    store.write_checkpoint()
+    path = store.data_file_list.files[0].path
+    store.close_without_flush()
+    patch(path, BODY_OFFSET + 2, b"\xee")  # entry 0's body
+    store = DLedgerMmapFileStore(cfg)
+    store.recover()
+    assert (store.ledger_begin_index, store.ledger_end_index, store.committed_index) == (-1, -1, -1)
+    assert store.catchup_watermark == 9
+    # The leader's entries go back in at their positions.
+    store.append_as_leader(DLedgerEntry(body=body_for(0)), 1)
+    assert store.get(0).pos == 0 and store.get(0).body == body_for(0)
+    store.close_without_flush()
