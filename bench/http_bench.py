@@ -11,7 +11,9 @@ uvloop, so the generator is not the bottleneck that httpx would be):
 Prints a table and writes bench/results/http_bench.json: msgs/s, p50/p99 latency per request, the
 brokers' CPU seconds per phase (msgs per broker CPU-second: comparable across machine loads, since
 this 2-core machine is shared), and each broker's resident memory without mapped files (RssAnon) at
-the start, after each phase and at the end, with its growth per 1,000 stored messages (must be ~0).
+the start, after each phase and at the end, with its growth per 1,000 stored messages; sampled
+twice a second during each phase, so the growth over the second half of the batched produce (steady
+state, warm-up excluded) is reported too: it must be ~0.
 
     .venv/bin/python bench/http_bench.py [--seconds 10] [--clients 32] [--workers 1]
 """
@@ -30,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -230,6 +233,44 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class RssSampler(threading.Thread):
+    """Samples each broker's RssAnon twice a second during a phase, so growth after warm-up (the
+    second half of the phase) can be told from the one-off growth of the first seconds."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.samples: list[dict[str, float | None]] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.samples.append(self.cluster.memory())
+            self._halt.wait(0.5)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+        self.samples.append(self.cluster.memory())
+
+    def second_half_growth(self, messages: int) -> dict[str, float | None]:
+        """KB per 1,000 messages between the middle and the end of the phase (median of three
+        samples at each end, the load being steady in between)."""
+        n = len(self.samples)
+        if n < 8 or not messages:
+            return {}
+        mid, end = self.samples[n // 2 - 1 : n // 2 + 2], self.samples[-3:]
+        out: dict[str, float | None] = {}
+        for sid in self.cluster.addrs:
+            a = [m[sid] for m in mid if m[sid] is not None]
+            b = [m[sid] for m in end if m[sid] is not None]
+            out[sid] = (
+                round((statistics.median(b) - statistics.median(a)) * 1024 * 1000 / (messages / 2), 1)
+                if a and b else None
+            )  # fmt: skip
+        return out
+
+
 class Cluster:
     def __init__(self, workdir: Path, flush: str) -> None:
         self.workdir = workdir
@@ -356,7 +397,12 @@ def main(argv: list[str] | None = None) -> int:
         def phase(name: str, kind: str, worker_args: list[tuple]) -> None:
             # Broker CPU seconds per phase: msgs per CPU-second is comparable across machine loads.
             before = cluster.cpu()
+            sampler = RssSampler(cluster)
+            sampler.start()
             report[name] = res = run_phase(kind, worker_args)
+            sampler.stop()
+            res["rss_anon_mb_during"] = sampler.samples
+            res["rss_anon_growth_kb_per_1k_msgs_second_half"] = sampler.second_half_growth(res["messages"])
             after = cluster.cpu()
             res["broker_cpu_s"] = {
                 sid: round(after[sid] - before[sid], 2) if after[sid] is not None and before[sid] is not None
@@ -422,7 +468,10 @@ def main(argv: list[str] | None = None) -> int:
         f"stored {report['stored_messages']} messages"
     )
     print(f"RssAnon MB at start {report['rss_anon_mb_start']} -> end {report['rss_anon_mb_end']}")
-    print(f"RssAnon growth KB per 1k stored messages: {report['rss_anon_growth_kb_per_1k_msgs']}")
+    print(f"RssAnon growth KB per 1k stored messages, start to end (warm-up included): "
+          f"{report['rss_anon_growth_kb_per_1k_msgs']}")
+    print(f"RssAnon growth KB per 1k messages over the second half of the batched produce (steady state): "
+          f"{report['produce_batch100']['rss_anon_growth_kb_per_1k_msgs_second_half']}")
     print(f"written {RESULTS / name}")
     return 0
 
