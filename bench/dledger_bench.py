@@ -86,6 +86,15 @@ def rss_mb(pid: int) -> float:
     return -1.0
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc `stat`); 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(sorted_vals: list[float], q: float) -> float:
     if not sorted_vals:
         return float("nan")
@@ -132,14 +141,26 @@ async def bench_cluster(flush: str, cases: list[tuple[int, int, int]], seconds: 
                 term0 = (await c.metadata(c.leader_id))["term"]  # type: ignore[arg-type]
                 results = []
                 for body, inflight, batch in cases:
+                    cpu0 = {m: cpu_s(p.pid) for m, p in zip(cluster.ids, cluster.procs, strict=True)}
+                    own0 = time.process_time()
                     r = await run_case(c, body, inflight, batch, seconds)
                     r["flush"] = flush
+                    # CPU per committed entry (µs) of each member and of this client: comparable
+                    # across runs on a shared machine where entries/s is not.
+                    n = max(1, r["entries_per_s"] * r["seconds"])
+                    r["cpu_us_per_entry"] = {
+                        m: round((cpu_s(p.pid) - cpu0[m]) * 1e6 / n, 1)
+                        for m, p in zip(cluster.ids, cluster.procs, strict=True)
+                    }
+                    r["cpu_us_per_entry"]["client"] = round((time.process_time() - own0) * 1e6 / n, 1)
+                    r["leader"] = c.leader_id
                     # Resident memory must not grow with the number of stored entries (leader cache).
                     r["rss_mb"] = {m: rss_mb(p.pid) for m, p in zip(cluster.ids, cluster.procs, strict=True)}
                     results.append(r)
                     print(f"{flush:11} body={body:5} inflight={inflight:4} batch={batch:4} "
                           f"{r['entries_per_s']:>8}/s p50={r['p50_ms']:>7}ms p99={r['p99_ms']:>7}ms "
-                          f"errors={r['errors']} rss_mb={max(r['rss_mb'].values())}", flush=True)  # fmt: skip
+                          f"errors={r['errors']} rss_mb={max(r['rss_mb'].values())} "
+                          f"cpu_us/entry={r['cpu_us_per_entry']}", flush=True)  # fmt: skip
                 mds = [await c.metadata(m) for m in cluster.ids]
                 terms = {md["term"] for md in mds}
                 return {"results": results, "elections_during_run": max(terms) - term0,
