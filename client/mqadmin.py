@@ -1,7 +1,9 @@
 """`mqadmin <command>`: the operator commands of RocketMQ's mqadmin, over LedgerMQ's HTTP APIs.
 
 Global flags as RocketMQ's: `-n` name servers (`host:port;host:port`, default $NAMESRV_ADDR or
-127.0.0.1:9876), `-b` a broker address (instead of the name servers). Tables go to stdout;
+127.0.0.1:9876), `-b` a broker address (instead of the name servers). Tables go to stdout: on a
+terminal as `rich` tables (borders, bold header, numbers right-aligned; NO_COLOR is honoured),
+through a pipe as plain aligned columns like RocketMQ's mqadmin, so `grep`/`awk` keep working;
 `--json` prints JSON for scripts. Exit status 0 on success, 1 on a server error, 2 on bad usage.
 """
 
@@ -15,6 +17,8 @@ import time
 from typing import Any
 
 import orjson
+from rich.console import Console
+from rich.table import Table
 
 from client.admin import Admin
 from client.consumer import PullConsumer
@@ -22,13 +26,26 @@ from client.errors import LedgerMQError
 from client.producer import Message, Producer
 
 
-def print_table(rows: list[dict[str, Any]], columns: list[str] | None = None, out=sys.stdout) -> None:
-    """Aligned columns, header first (RocketMQ's mqadmin prints the same way)."""
+def print_table(rows: list[dict[str, Any]], columns: list[str] | None = None, out=sys.stdout,
+                fancy: bool | None = None) -> None:
+    """Print `rows` as a table: a rich table when `out` is a terminal (or `rich=True`), else aligned
+    plain columns with the header first (RocketMQ's mqadmin prints that way); `fancy` forces either."""
     if not rows:
         print("(none)", file=out)
         return
     columns = columns or list(rows[0])
     cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    if fancy is None:
+        fancy = bool(getattr(out, "isatty", lambda: False)())
+    if fancy:
+        table = Table(header_style="bold", show_lines=False)
+        for c in columns:
+            numeric = all(isinstance(r.get(c), int | float) for r in rows if r.get(c) is not None)
+            table.add_column(c, justify="right" if numeric else "left", overflow="fold")
+        for row in cells:
+            table.add_row(*row)
+        Console(file=out, force_terminal=True, soft_wrap=False).print(table)
+        return
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip(), file=out)
     for row in cells:
