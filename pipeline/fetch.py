@@ -18,20 +18,22 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import httpx
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from pipeline.binpull import (
     PULL_BINARY_CONTENT_TYPE,
     PullPage,
     decode_pull_page,
+    first_keys,
     parse_properties,
-    split_keys,
 )
 from pipeline.offsets import DataLossError
+from pipeline.pullclient import TRANSPORT_ERRORS, PageClient
 from pipeline.routes import LedgerMQError, RouteResolver, base_url, problem_of
 from pipeline.schema import source_arrow_schema
 
@@ -40,12 +42,6 @@ log = logging.getLogger("ledgermq.pipeline.fetch")
 # The broker caps maxMessages of one pull (broker/http/messages.py).
 MAX_PULL_MESSAGES = 1024
 _BINARY_ACCEPT = {"accept": PULL_BINARY_CONTENT_TYPE}
-
-
-def _empty_page(min_offset: int) -> PullPage:
-    return PullPage(
-        min_offset, min_offset, min_offset, [], [], [], [], [], [], [], [], [], [], pa.array([], pa.binary())
-    )
 
 
 @dataclass
@@ -82,9 +78,9 @@ class QueueFetcher:
         self.addr_index = 0
         self.schema = source_arrow_schema(opts.include_properties)
         self.page_size = max(1, min(opts.page_size, MAX_PULL_MESSAGES))
-        # Plain-http clusters need no TLS context (loading the CA bundle costs ~80 ms per task).
-        tls = any(a.startswith("https://") for a in self.addrs)
-        self.http = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0), verify=tls)
+        # stdlib keep-alive client: a fraction of httpx's CPU per 1 MB page (pipeline/pullclient.py);
+        # the TLS context is only built for https members.
+        self.http = PageClient(timeout_s=30.0)
 
     def close(self) -> None:
         """Release the HTTP client."""
@@ -122,12 +118,12 @@ class QueueFetcher:
                         offset = self._data_loss(offset, min(min_offset, p.end))
                         msgs = None
                     elif len(msgs):
-                        qo = msgs.queue_offsets
-                        first, last = qo[0], qo[-1]
+                        qo = msgs.queue_offset_array
+                        first, last = int(qo[0]), int(qo[-1])
                         if first != offset or last >= p.end or last - first != len(qo) - 1:
                             msgs = self._trim(msgs, offset, min_offset)  # rare: a gap, or more than asked
                         if len(msgs):
-                            offset = msgs.queue_offsets[-1] + 1
+                            offset = int(msgs.queue_offset_array[-1]) + 1
                             deadline = time.monotonic() + timeout_s
                         else:
                             msgs = None
@@ -141,16 +137,16 @@ class QueueFetcher:
 
     def _trim(self, msgs: PullPage, offset: int, min_offset: int) -> PullPage:
         """Keep ``[offset, end)`` of a page, handling deleted offsets at its head (data loss)."""
-        qo = msgs.queue_offsets
-        first = qo[0]
+        qo = msgs.queue_offset_array
+        first = int(qo[0])
         if first > offset:
             offset = self._data_loss(offset, min(max(first, min_offset), self.part.end))
         end = self.part.end
         # The broker answers in queue order, so the kept rows are one run [lo, hi).
-        lo = next((i for i, o in enumerate(qo) if o >= offset), len(qo))
-        hi = next((i for i in range(lo, len(qo)) if qo[i] >= end), len(qo))
+        lo = _first_index(qo >= offset)
+        hi = lo + _first_index(qo[lo:] >= end)
         msgs = msgs.slice(lo, hi)
-        self._check_contiguous(msgs.queue_offsets, offset)
+        self._check_contiguous(msgs.queue_offset_array, offset)
         return msgs
 
     def _data_loss(self, wanted: int, first: int) -> int:
@@ -171,13 +167,15 @@ class QueueFetcher:
         )
         return min(first, p.end)
 
-    def _check_contiguous(self, queue_offsets: list[int], offset: int) -> None:
-        for i, qo in enumerate(queue_offsets):
-            if qo != offset + i:
-                raise LedgerMQError(
-                    f"ledgermq: broker returned non-contiguous offsets for {self.part.topic}/"
-                    f"{self.part.broker_name}:{self.part.queue_id}: expected {offset + i}, got {qo}"
-                )
+    def _check_contiguous(self, queue_offsets: np.ndarray, offset: int) -> None:
+        wrong = queue_offsets != np.arange(offset, offset + len(queue_offsets), dtype=np.int64)
+        if wrong.any():
+            i = _first_index(wrong)
+            raise LedgerMQError(
+                f"ledgermq: broker returned non-contiguous offsets for {self.part.topic}/"
+                f"{self.part.broker_name}:{self.part.queue_id}: expected {offset + i}, "
+                f"got {int(queue_offsets[i])}"
+            )
 
     def _pull(self, offset: int, count: int, deadline: float) -> tuple[PullPage, int] | None:
         """One page from the current member, or None (moving on to the next member) if it cannot serve it."""
@@ -189,12 +187,12 @@ class QueueFetcher:
         addr = self.addrs[self.addr_index % len(self.addrs)]
         wait_ms = max(0, min(500, int((deadline - time.monotonic()) * 1000)))
         p = self.part
-        url = f"{addr}/topics/{p.topic}/queues/{p.queue_id}/messages"
+        path = f"/topics/{quote(p.topic, safe='')}/queues/{p.queue_id}/messages"
         # The binary page (pipeline/binpull.py): raw bodies, no JSON or base64 on either end.
         params = {"offset": offset, "maxMessages": count, "waitMs": wait_ms}
         try:
-            resp = self.http.get(url, params=params, headers=_BINARY_ACCEPT)
-        except httpx.TransportError as exc:
+            resp = self.http.get(base_url(addr), path, params, _BINARY_ACCEPT)
+        except TRANSPORT_ERRORS as exc:
             log.warning(
                 "event=pull_unreachable addr=%s topic=%s queue=%d error=%r", addr, p.topic, p.queue_id, exc
             )
@@ -215,10 +213,10 @@ class QueueFetcher:
                 self._next_member(sleep_s=0.0 if wait_ms else 0.05)
                 return None
             return msgs, min_offset
-        err = problem_of(resp, f"pull {p.topic}/{p.broker_name}:{p.queue_id}@{offset}")
+        err = problem_of(resp.as_httpx(), f"pull {p.topic}/{p.broker_name}:{p.queue_id}@{offset}")
         if err.code == "OFFSET_OUT_OF_RANGE" and "minOffset" in err.body:
             if offset < int(err.body["minOffset"]):
-                return _empty_page(int(err.body["minOffset"])), int(err.body["minOffset"])
+                return PullPage.empty(int(err.body["minOffset"])), int(err.body["minOffset"])
             # Past this member's end: it is behind (a slave catching up, a new master replaying).
             self._next_member(sleep_s=0.05)
             return None
@@ -253,31 +251,37 @@ class QueueFetcher:
             resolver.close()
 
     def _to_arrow(self, page: PullPage) -> pa.RecordBatch:
-        # Columns straight from the decoded page; bodies are already one Arrow array (no row copies).
+        # Columns straight from the decoded page (numpy / Arrow, no per-row Python); bodies are
+        # already one Arrow array over the page buffer.
         p = self.part
         n = len(page)
         s = self.schema
         cols = [
-            pa.array([(split_keys(k) or (None,))[0] if k else None for k in page.keys], pa.string()),
+            first_keys(page.keys_array),
             page.bodies,
             pa.repeat(pa.scalar(p.topic, pa.string()), n),
             pa.repeat(pa.scalar(p.broker_name, pa.string()), n),
             pa.repeat(pa.scalar(p.queue_id, pa.int32()), n),
-            pa.array(page.queue_offsets, pa.int64()),
-            pa.array(page.commit_log_offsets, pa.int64()),
-            pa.array(page.msg_ids, pa.string()),
-            pa.array(page.tags, pa.string()),
+            pa.array(page.queue_offset_array, pa.int64()),
+            pa.array(page.commit_log_offset_array, pa.int64()),
+            page.msg_id_array,
+            page.tags_array,
         ]
         if self.opts.include_properties:
             props = [parse_properties(raw) for raw in page.properties]
             cols.append(pa.array(props, s.field("properties").type))
-        for name, ms_list in (
-            ("bornTimestamp", page.born_timestamps),
-            ("storeTimestamp", page.store_timestamps),
+        for name, ms in (
+            ("bornTimestamp", page.born_timestamp_array),
+            ("storeTimestamp", page.store_timestamp_array),
         ):
-            ms = pa.array(ms_list, pa.int64())
-            cols.append(pc.multiply(ms, 1000).cast(s.field(name).type))
+            # ms → µs in numpy, then reinterpret as Spark's timestamp[us, UTC] (no Arrow cast kernel).
+            cols.append(pa.array(ms * 1000, pa.int64()).view(s.field(name).type))
         return pa.RecordBatch.from_arrays(cols, schema=s)
+
+
+def _first_index(mask: np.ndarray) -> int:
+    """Index of the first True in ``mask``, or ``len(mask)`` when there is none."""
+    return int(mask.argmax()) if mask.any() else len(mask)
 
 
 def read_partition(part: QueuePartition, opts: FetchOptions) -> Iterator[pa.RecordBatch]:
