@@ -18,6 +18,20 @@ committed entries and has not re-fetched them yet) neither campaigns nor grants 
 included: having lost entries it acknowledged, its "my log is at least as up to date" answer would
 be wrong. It still follows the leader, whose pushes bring it back.
 
+A member whose store is still *verifying* the data files its recovery did not scan
+(`MemberState.check_verifying`, `dledger.store.verify`) neither campaigns nor accepts a leadership
+transfer: a flipped bit in such a file is not known yet, and a leader holding a corrupt committed
+entry could not replicate it (reads check the CRC, so it is never served, but the group would
+stall on it). It still grants votes, on purpose: a vote compares only the candidate's last
+(term, index) with ours, and our tail was fully checked by recovery's scan, so that answer is
+right whatever an older file holds. A corrupt older entry does not make us forget that we
+acknowledged it — the entries we acknowledged are exactly those up to our (verified) end — and
+the candidate's copy of it is its own, so a candidate at least as up to date as our end holds
+every entry we helped commit. Refusing votes as well would make a whole-group restart wait for
+the slowest member's verification before any leader could be elected. If verification then
+finds a corrupt entry, the log is cut with a catch-up watermark at the old end, and from then on
+the recovering rules above hold votes too (`cut_corrupt_log` also makes a leader step down first).
+
 Time comes from the running loop, so under the simulator's virtual-time loop all of this runs in
 virtual time; randomness comes from the injected `rng`.
 """
@@ -90,6 +104,10 @@ class DLedgerLeaderElector:
         self._side_tasks = TaskSet()
         self._role_event = asyncio.Event()
         self._campaign_held = False  # logged that a recovering member holds its campaign
+        self._verify_held = False  # logged that a member verifying its older files holds its campaign
+        listeners = getattr(member_state.store, "corrupt_cut_listeners", None)
+        if listeners is not None:
+            listeners.append(self._on_corrupt_cut)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -168,6 +186,12 @@ class DLedgerLeaderElector:
                 reason,
             )
             self._fire(self.ms.curr_term, Role.CANDIDATE)
+
+    def _on_corrupt_cut(self, reason: str) -> None:
+        """The store is about to cut a corrupt log (found while running): a leader steps down
+        first, so it stops replicating and appending before its log end moves back."""
+        if self.ms.is_leader():
+            self._become_candidate(self.ms.curr_term, f"corrupt log cut: {reason}")
 
     def on_higher_term(self, term: int, source: str) -> None:
         """Any response carrying a higher term: adopt it and stop leading/campaigning."""
@@ -424,6 +448,16 @@ class DLedgerLeaderElector:
             self.next_time_to_request_vote = now + self._random_vote_interval()
             return
         self._campaign_held = False
+        if ms.check_verifying():
+            # Older data files not verified yet: a corrupt entry there must not lead (see module doc).
+            ms.term_to_take_leadership = -1
+            if not self._verify_held:
+                self._verify_held = True
+                log.info("event=campaign_held_verifying group=%s selfId=%s term=%d end=%d",
+                         ms.group, ms.self_id, ms.curr_term, ms.ledger_end_index)
+            self.next_time_to_request_vote = now + self._random_vote_interval()
+            return
+        self._verify_held = False
         ms.term_to_take_leadership = -1
         start_term = ms.curr_term
         if take < 0:
@@ -563,6 +597,10 @@ class DLedgerLeaderElector:
         ms = self.ms
         if ms.check_recovering():
             log.warning("event=take_leadership_refused_recovering group=%s selfId=%s term=%d from=%s",
+                        ms.group, ms.self_id, ms.curr_term, req.local_id)
+            return DLedgerResponseCode.TAKE_LEADERSHIP_FAILED
+        if ms.check_verifying():
+            log.warning("event=take_leadership_refused_verifying group=%s selfId=%s term=%d from=%s",
                         ms.group, ms.self_id, ms.curr_term, req.local_id)
             return DLedgerResponseCode.TAKE_LEADERSHIP_FAILED
         if req.term != ms.curr_term or req.local_id != ms.leader_id:

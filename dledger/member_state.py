@@ -7,7 +7,9 @@ object's `term_state`, which the simulator keeps across a simulated crash.
 
 A member whose store recovery had to cut committed entries (a corrupt log) is *recovering* until
 its log reaches the store's catch-up watermark again: `check_recovering` tells the elector not to
-vote or campaign meanwhile; it still follows a leader and re-fetches from it.
+vote or campaign meanwhile; it still follows a leader and re-fetches from it. A member whose store
+is still *verifying* the older data files after recovery (`check_verifying`) does not campaign
+or take leadership until that is done (it may vote: see `elector`).
 
 State transitions live in `change_to_leader` / `change_to_follower` / `change_to_candidate`, each
 logged with the old and new role and term. The elector calls them; nothing else changes the role.
@@ -188,6 +190,11 @@ class MemberState:
             self.group, self.self_id, self.curr_term, end, watermark,
         )
         return False
+
+    def check_verifying(self) -> bool:
+        """True while the store still verifies the older data files its recovery did not scan
+        (`dledger.store.verify`): no campaign and no leadership transfer until it is done."""
+        return bool(getattr(self.store, "verifying", False))
 
     # -- queries --------------------------------------------------------------------------
     def is_leader(self) -> bool:

@@ -115,6 +115,9 @@ class DLedgerServer:
             config, self.member_state, self.store, self.elector, self._on_commit
         )
         self.pusher.commit_listeners.append(self._on_commit)
+        if hasattr(self.store, "corrupt_cut_listeners"):
+            # A corrupt log cut while running: answer parked pushes so the leader re-COMPAREs now.
+            self.store.corrupt_cut_listeners.append(lambda _reason: self.entry_handler.on_role_change())
         self.elector.internal_handlers.append(self.pusher.on_role_change)
         self.elector.internal_handlers.append(self._on_role_change)
         self._callers: list[StateMachineCaller] = []
@@ -322,6 +325,7 @@ class DLedgerServer:
             "appliedIndex": applied,
             "transferee": ms.transferee,
             "recovering": ms.check_recovering(),  # cut committed entries, not caught up yet: no votes
+            "verifying": ms.check_verifying(),  # older data files not verified yet: no campaign
             "peerWaterMarks": dict(self.pusher.peer_water_marks) if ms.is_leader() else {},
         }
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import zlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
@@ -141,6 +142,94 @@ def _first_entry_ok(store: DLedgerMmapFileStore, mf: MmapFile, committed: int) -
         magic, mf.file_from_offset + off, size, index, term)
 
 
+
+@dataclass(slots=True)
+class ScanState:
+    """Where a forward scan stands: the next position, the last good entry, and why it stopped."""
+
+    pos: int
+    last_index: int = -1
+    last_term: int = -1
+    reason: str = ""  # set when the scan stopped at a bad record (pos is where it sits)
+    repaired: int = 0  # index records rewritten from CRC-valid committed entries
+    done: bool = False  # reached the end of the data, `stop_pos`, or a bad record
+    first_index: int = -1  # the first entry the scan accepted
+    first_term: int = -1
+    scanned_bytes: int = 0
+
+
+def scan_entries(store: DLedgerMmapFileStore, st: ScanState, committed: int, stop_pos: int | None = None,
+                 max_entries: int | None = None) -> None:
+    """Check records forward from `st.pos` (step 3 of the module docstring), updating `st`.
+
+    Recovery scans to the end of the written data (a zero header). The background verification
+    of the older files (`verify`) passes `stop_pos` (where recovery's scan began: every record
+    before it must be a valid entry or a blank, so a zero header there is corruption too) and
+    `max_entries` (it returns after that many records with `st.done` False, to yield the loop).
+    """
+    dl, il = store.data_file_list, store.index_file_list
+    n = 0
+    while True:
+        pos = st.pos
+        if stop_pos is not None and pos >= stop_pos:
+            st.done = True
+            return
+        if max_entries is not None and n >= max_entries:
+            return
+        n += 1
+        mf = dl.find_file(pos)
+        if mf is None:
+            if stop_pos is not None:
+                st.reason = f"no data file holds pos {pos} (below {stop_pos})"
+            st.done = True
+            return
+        off = pos - mf.file_from_offset
+        if off + MIN_BLANK_LEN > mf.file_size:
+            st.reason, st.done = f"{mf.file_size - off} bytes left at the file end, below MIN_BLANK_LEN", True
+            return
+        magic, length = BLANK.unpack_from(mf.mm, off)
+        if magic == 0 and length == 0:
+            if stop_pos is not None:
+                st.reason = f"zero header at pos {pos}, below {stop_pos} where the checked log continues"
+            st.done = True  # end of the written data
+            return
+        if magic == BLANK_MAGIC_CODE:
+            tail_blank = off + length == mf.file_size
+            head_blank = off == 0 and length < mf.file_size  # left by rebuild_with_pos
+            if length >= MIN_BLANK_LEN and (tail_blank or head_blank):
+                st.pos += length
+                continue
+            st.reason, st.done = f"bad blank record length {length}", True
+            return
+        try:
+            magic, size, index, term = _check_entry(mf, off)
+        except _Corrupt as e:
+            st.reason, st.done = str(e), True
+            return
+        if st.last_index >= 0 and index != st.last_index + 1:
+            st.reason, st.done = f"index {index} does not follow {st.last_index}", True
+            return
+        if term < st.last_term:
+            st.reason, st.done = f"term {term} of index {index} < previous term {st.last_term}", True
+            return
+        record = (magic, pos, size, index, term)
+        found = _read_index_record(il, index)
+        if found != record:
+            # A missing (zero) record of a committed entry is rebuilt from the CRC-checked entry; a
+            # different one means the header or the record is corrupt (a flipped term, say, which
+            # the body CRC cannot see): cut there, the leader still has the entry.
+            if index <= committed and not any(found or ()) and _write_index_record(il, index, record):
+                st.repaired += 1
+                log.debug("event=index_record_rewritten index=%d found=%s", index, found)
+            else:
+                st.reason, st.done = f"index record of index {index} is {found}, entry says {record}", True
+                return
+        if st.first_index < 0:
+            st.first_index, st.first_term = index, term
+        st.last_index, st.last_term = index, term
+        st.pos += size
+        st.scanned_bytes += size
+
 def _start_file(store: DLedgerMmapFileStore, committed: int) -> int | None:
     files = store.data_file_list.files
     start = max(0, len(files) - 3)
@@ -180,52 +269,11 @@ def recover(store: DLedgerMmapFileStore) -> None:
         return
     start = _start_file(store, committed)
     pos = dl.files[start].file_from_offset if start is not None else dl.files[0].file_from_offset
-    last_index, last_term, reason = -1, -1, ""
-    repaired = 0
-    while start is not None:
-        mf = dl.find_file(pos)
-        if mf is None:
-            break
-        off = pos - mf.file_from_offset
-        if off + MIN_BLANK_LEN > mf.file_size:
-            reason = f"{mf.file_size - off} bytes left at the file end, below MIN_BLANK_LEN"
-            break
-        magic, length = BLANK.unpack_from(mf.mm, off)
-        if magic == 0 and length == 0:
-            break  # end of the written data
-        if magic == BLANK_MAGIC_CODE:
-            tail_blank = off + length == mf.file_size
-            head_blank = off == 0 and length < mf.file_size  # left by rebuild_with_pos
-            if length >= MIN_BLANK_LEN and (tail_blank or head_blank):
-                pos += length
-                continue
-            reason = f"bad blank record length {length}"
-            break
-        try:
-            magic, size, index, term = _check_entry(mf, off)
-        except _Corrupt as e:
-            reason = str(e)
-            break
-        if last_index >= 0 and index != last_index + 1:
-            reason = f"index {index} does not follow {last_index}"
-            break
-        if term < last_term:
-            reason = f"term {term} of index {index} < previous term {last_term}"
-            break
-        record = (magic, pos, size, index, term)
-        found = _read_index_record(il, index)
-        if found != record:
-            # A missing (zero) record of a committed entry is rebuilt from the CRC-checked entry; a
-            # different one means the header or the record is corrupt (a flipped term, say, which
-            # the body CRC cannot see): cut there, the leader still has the entry.
-            if index <= committed and not any(found or ()) and _write_index_record(il, index, record):
-                repaired += 1
-                log.debug("event=index_record_rewritten index=%d found=%s", index, found)
-            else:
-                reason = f"index record of index {index} is {found}, entry says {record}"
-                break
-        last_index, last_term = index, term
-        pos += size
+    scan = ScanState(pos)
+    if start is not None:
+        scan_entries(store, scan, committed)
+    pos, last_index, last_term, reason, repaired = (scan.pos, scan.last_index, scan.last_term, scan.reason,
+                                                     scan.repaired)
     if reason or start is None:
         mf = dl.find_file(pos)
         where = f"{mf.path if mf else dl.store_path} offset {pos - mf.file_from_offset if mf else 0}"
@@ -262,6 +310,12 @@ def recover(store: DLedgerMmapFileStore) -> None:
     store.ledger_end_index = last_index
     store.ledger_end_term = last_term
     store.revise_ledger_begin_index()
+    if start and store.data_begin_pos >= 0:
+        # Files before the scan start were not scanned (only the first one's first entry was): the
+        # store verifies them in the background after start (`verify`), and the member neither
+        # campaigns nor takes leadership until that is done.
+        store.unverified_region = dl.files[start].file_from_offset
+        store.verifying = True
     store._flushed_index = last_index
     if repaired:
         log.warning("event=index_records_repaired count=%d", repaired)

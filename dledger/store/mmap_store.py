@@ -75,6 +75,14 @@ class DLedgerMmapFileStore(DLedgerStore):
         # Set by recovery when it had to cut committed entries: the index to re-fetch up to before
         # this member votes or campaigns again (-1: none). Persisted in the `catchup` file.
         self.catchup_watermark = -1
+        # Set by recovery when older data files were not scanned: the data position where its scan
+        # began. `start` verifies everything before it in the background (`verify`); meanwhile
+        # `verifying` is True and the member neither campaigns nor takes leadership.
+        self.unverified_region: int | None = None
+        self.verifying = False
+        # Called (with the reason) right before a corrupt log found while running is cut.
+        self.corrupt_cut_listeners: list[Callable[[str], None]] = []
+        self._verify_task: asyncio.Task[bool] | None = None
         self._recovered = False
         self._closed = False
         self.flush_service = FlushDataService(self)
@@ -110,6 +118,16 @@ class DLedgerMmapFileStore(DLedgerStore):
         self._flush_task = self.flush_service.start()
         self._clean_task = asyncio.create_task(self.clean_space_service.run(),
                                                name=f"dledger-clean-{self.config.self_id}")
+        if self.unverified_region is not None and self._verify_task is None:
+            from dledger.store.verify import verify_old_files
+
+            self._verify_task = asyncio.create_task(verify_old_files(self),
+                                                    name=f"dledger-verify-{self.config.self_id}")
+
+    async def wait_verified(self) -> bool:
+        """Wait for the background verification of the older data files (True: nothing corrupt
+        or nothing to verify; False: the log was cut)."""
+        return True if self._verify_task is None else await asyncio.shield(self._verify_task)
 
     async def shutdown(self) -> None:
         """Stop the services, flush everything, write the checkpoint, unmap the files."""
@@ -117,8 +135,9 @@ class DLedgerMmapFileStore(DLedgerStore):
             return
         self._closed = True
         await self.flush_service.stop(self._flush_task)
-        if self._clean_task is not None:
-            self._clean_task.cancel()
+        for task in (self._clean_task, self._verify_task):
+            if task is not None:
+                task.cancel()
         if self._recovered:
             if self.flush_service.started:
                 await self.flush_service.flush_round()
@@ -136,7 +155,7 @@ class DLedgerMmapFileStore(DLedgerStore):
     def close_without_flush(self) -> None:
         """Drop the maps without flushing or checkpointing (what a crash leaves; for tests)."""
         self._closed = True
-        for task in (self._flush_task, self._clean_task):
+        for task in (self._flush_task, self._clean_task, self._verify_task):
             if task is not None:
                 task.cancel()
         self.data_file_list.close()
