@@ -62,6 +62,9 @@ class EntryHandler:
         self.gap_since: dict[int, float] = {}  # first index of a parked push -> first arrival
         self.wait_timeout_s = config.max_push_time_out_ms / 1000
         self.max_waiting = max(2 * config.max_pending_push_batches, 8)
+        # Our log was cut under the leader (a corrupt entry found while running): pushes beyond
+        # our end are answered INCONSISTENT_STATE at once, not parked, until the leader COMPAREs.
+        self.resync_needed = False
 
     def _resp(self, req: PushEntryRequest, code: DLedgerResponseCode, index: int = -1) -> PushEntryResponse:
         store = self.store
@@ -127,6 +130,7 @@ class EntryHandler:
 
     def _handle_compare(self, req: PushEntryRequest) -> PushEntryResponse:
         self.gap_since.clear()  # the leader resyncs: earlier gaps are moot
+        self.resync_needed = False
         e = req.entries[0]
         if self._holds(e.index, e.term, e.pos):
             return self._resp(req, DLedgerResponseCode.SUCCESS, e.index)
@@ -183,6 +187,8 @@ class EntryHandler:
     # -- APPEND ---------------------------------------------------------------------------
     async def _handle_append(self, req: PushEntryRequest) -> PushEntryResponse:
         first = req.entries[0].index
+        if first > self.store.ledger_end_index + 1 and self.resync_needed:
+            return self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE)
         if first > self.store.ledger_end_index + 1:
             resp = await self._park(req, first)
         else:
@@ -280,6 +286,12 @@ class EntryHandler:
         last = req.entries[-1].index
         self._update_commit(leader_term, min(req.commit_index, last))
         return self._resp(req, DLedgerResponseCode.SUCCESS, last)
+
+    def on_log_cut(self) -> None:
+        """The store cut our log below what the leader believes we hold: answer parked pushes
+        and, until the leader's next COMPARE, refuse pushes beyond our end instead of parking them."""
+        self.on_role_change()
+        self.resync_needed = True
 
     def on_role_change(self) -> None:
         """Leader or term changed: parked pushes of the old leader will never be applied."""

@@ -117,7 +117,7 @@ class DLedgerServer:
         self.pusher.commit_listeners.append(self._on_commit)
         if hasattr(self.store, "corrupt_cut_listeners"):
             # A corrupt log cut while running: answer parked pushes so the leader re-COMPAREs now.
-            self.store.corrupt_cut_listeners.append(lambda _reason: self.entry_handler.on_role_change())
+            self.store.corrupt_cut_listeners.append(lambda _reason: self.entry_handler.on_log_cut())
         self.elector.internal_handlers.append(self.pusher.on_role_change)
         self.elector.internal_handlers.append(self._on_role_change)
         self._callers: list[StateMachineCaller] = []

@@ -242,3 +242,169 @@ async def test_a_follower_restarted_with_a_cut_log_is_resynced_by_the_running_le
     # One push timeout (1 s) at most: the follower answers a resent push for a gap it already
     # reported at once, so the leader's resend cannot race the follower's answer forever.
     assert took < 4.0, f"caught up only after {took:.2f}s"
+
+
+# ---- damage in an older data file (before recovery's scan): found by the background verification
+
+def big_body(i: int) -> bytes:
+    return body(i) * 8  # ~90 entries per 64 KB data file
+
+
+async def write_files(group: Group, leader: DLedgerServer, min_files: int) -> int:
+    """Append through `leader` until it has `min_files` data files; wait until all commit."""
+    i = 0
+    while len(leader.store.data_file_list.files) < min_files:
+        await leader.append([big_body(j) for j in range(i, i + 50)])
+        i += 50
+    end = leader.store.ledger_end_index
+    await wait_for(lambda: all(s.store.committed_index == end for s in group.servers.values()), 5,
+                   "every member to commit the whole log")
+    return end
+
+
+def old_entry(server: DLedgerServer, index: int) -> tuple[str, int, bytes]:
+    """(path, local offset, body) of committed entry `index`, which must sit in the first data file
+    (outside recovery's scan) and not be its first entry."""
+    entry = server.store.get(index)
+    files = server.store.data_file_list.files
+    mf = server.store.data_file_list.find_file(entry.pos)
+    assert mf is files[0] and len(files) >= 5 and entry.pos > mf.file_from_offset
+    return mf.path, entry.pos - mf.file_from_offset + BODY_OFFSET + 9, entry.body
+
+
+class Writer:
+    """Keeps appending through `leader` (one entry per 20 ms) until stopped."""
+
+    def __init__(self, leader: DLedgerServer) -> None:
+        self.leader = leader
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            await self.leader.append([f"more-{i}".encode()])
+            i += 1
+            await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        self.stop.set()
+        await self.task
+
+
+async def assert_identical(group: Group, leader: DLedgerServer) -> None:
+    await leader.append([b"last"])
+    end = leader.store.ledger_end_index
+    await wait_for(lambda: all(s.store.committed_index == end for s in group.servers.values()), 5,
+                   "every member to commit the last entry")
+    ref = committed_bytes(leader)
+    for s in group.servers.values():
+        assert committed_bytes(s) == ref, f"{s.config.self_id} differs from the leader"
+
+
+async def test_a_follower_restarted_with_a_flip_in_an_old_data_file_is_cut_and_refetched(
+    group: Group, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    for m in IDS:
+        await group.start(m)
+    leader = await group.leader()
+    end = await write_files(group, leader, 6)
+    victim = next(m for m in IDS if group.servers[m] is not leader)
+    target = 20
+    path, offset, original = old_entry(group.servers[victim], target)
+    await group.stop(victim)
+    flip_bit(path, offset)
+    caplog.clear()
+    writer = Writer(leader)
+    try:
+        v = await group.start(victim)
+        roles: list[Role] = []
+        v.register_role_change_handler(lambda _term, role: roles.append(role))
+        assert await v.store.wait_verified() is False
+        cuts = [r.getMessage() for r in caplog.records if "event=committed_entries_cut" in r.getMessage()]
+        assert len(cuts) == 1 and f"selfId={victim}" in cuts[0] and f"lastGoodIndex={target - 1}" in cuts[0]
+        assert v.store.catchup_watermark >= end
+        await wait_for(lambda: not v.metadata()["recovering"] and not v.metadata()["verifying"], 8,
+                       f"{victim} to re-fetch past its watermark")
+    finally:
+        await writer.close()
+    assert Role.LEADER not in roles and not v.member_state.is_leader()
+    assert leader.member_state.is_leader()
+    assert v.store.get(target).body == original
+    await assert_identical(group, leader)
+
+
+async def test_a_running_follower_whose_log_is_cut_under_it_is_resynced(
+    group: Group, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A later disk fault: the verification of a running follower's older files (an operator's
+    check) finds a flipped bit and cuts the log while the leader keeps pushing; the follower's end
+    moves back under the leader's pipeline, and COMPARE/TRUNCATE brings it back."""
+    from dledger.store.verify import verify_old_files
+
+    caplog.set_level(logging.INFO)
+    for m in IDS:
+        await group.start(m)
+    leader = await group.leader()
+    end = await write_files(group, leader, 6)
+    victim = next(m for m in IDS if group.servers[m] is not leader)
+    v = group.servers[victim]
+    roles: list[Role] = []
+    v.register_role_change_handler(lambda _term, role: roles.append(role))
+    target = 20
+    path, offset, original = old_entry(v, target)
+    term = leader.member_state.curr_term
+    writer = Writer(leader)
+    try:
+        await asyncio.sleep(0.2)  # the leader's pipeline to the victim is busy
+        flip_bit(path, offset)  # through the file: the shared mapping sees it
+        assert await verify_old_files(v.store, v.store.data_file_list.files[-3].file_from_offset) is False
+        assert v.store.ledger_end_index == target - 1 and v.metadata()["recovering"]
+        assert v.store.catchup_watermark >= end
+        with pytest.raises(DLedgerException):
+            v.store.get(target)
+        t0 = asyncio.get_running_loop().time()
+        await wait_for(lambda: not v.metadata()["recovering"], 8, f"{victim} to re-fetch past its watermark")
+        took = asyncio.get_running_loop().time() - t0
+    finally:
+        await writer.close()
+    # Pushes beyond the cut are refused at once (not parked for a push timeout): the leader COMPAREs.
+    assert took < v.entry_handler.wait_timeout_s, f"caught up only after {took:.2f}s"
+    assert Role.LEADER not in roles
+    assert leader.member_state.is_leader() and leader.member_state.curr_term == term  # undisturbed
+    assert v.store.get(target).body == original
+    await assert_identical(group, leader)
+
+
+async def test_a_leader_that_finds_a_corrupt_old_entry_steps_down_before_cutting(
+    group: Group, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dledger.store.verify import verify_old_files
+
+    caplog.set_level(logging.INFO)
+    for m in IDS:
+        await group.start(m)
+    old = await group.leader()
+    end = await write_files(group, old, 6)
+    target = 20
+    path, offset, original = old_entry(old, target)
+    flip_bit(path, offset)
+    roles: list[tuple[Role, int]] = []
+    old.register_role_change_handler(lambda _term, role: roles.append((role, old.store.ledger_end_index)))
+    assert await verify_old_files(old.store, old.store.data_file_list.files[-3].file_from_offset) is False
+    # It stepped down while its log still reached the old end, then cut.
+    assert roles and roles[0] == (Role.CANDIDATE, end)
+    assert not old.member_state.is_leader() and old.store.ledger_end_index == target - 1
+    new = None
+    deadline = asyncio.get_running_loop().time() + 5
+    while new is None:
+        assert asyncio.get_running_loop().time() < deadline, "no new leader within 5 s"
+        new = next((s for s in group.servers.values() if s.member_state.is_leader()), None)
+        await asyncio.sleep(0.02)
+    assert new is not old
+    await new.append([b"under the new leader"])
+    await wait_for(lambda: not old.metadata()["recovering"], 8, "the old leader to re-fetch")
+    assert (Role.LEADER, target - 1) not in roles and all(r is not Role.LEADER for r, _ in roles)
+    assert old.store.get(target).body == original
+    await assert_identical(group, new)
