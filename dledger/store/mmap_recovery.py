@@ -22,6 +22,10 @@
    before the scanned region (the begin index is unknown).
 5. Cut data and index at the stop (stale bytes after it are zeroed) and set begin/end index, end
    term, committed index (at most the new end) and position.
+6. Files before the scan start are not scanned here (a start must not read the whole log): the
+   store records where the scan began (`unverified_region`, `verifying`) and `start()` checks
+   every older record with the same `scan_entries` in the background (`verify`), cutting like
+   step 4 if one is bad; meanwhile the member neither campaigns nor takes leadership.
 """
 
 from __future__ import annotations

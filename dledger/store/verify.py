@@ -54,8 +54,9 @@ async def verify_old_files(store: DLedgerMmapFileStore, stop_pos: int | None = N
     """Verify `store`'s unscanned region (set by recovery) — or, given `stop_pos`, a running
     store's data from its first entry up to that data position (a check after a suspected disk
     fault) — and cut the log at the first bad record. Returns True when the region checked out
-    (or vanished: expired or rebuilt), False when it cut. `store.verifying` is True meanwhile and
-    cleared at the end (also when cancelled: a stopped store campaigns no more)."""
+    (or vanished: expired or rebuilt), False when it cut or failed. `store.verifying` is True
+    meanwhile and cleared at the end, except after an unexpected error: then the member keeps
+    holding its campaign (it cannot vouch for those files) and the error is logged."""
     if stop_pos is not None:
         store.unverified_region = stop_pos
         store.verifying = True
@@ -74,6 +75,7 @@ async def verify_old_files(store: DLedgerMmapFileStore, stop_pos: int | None = N
              begin_pos, stop_pos)
     st = ScanState(begin_pos)
     result = "ok"
+    hold = False
     try:
         while True:
             if not dl.files or dl.files[0].file_from_offset >= stop_pos or store.data_begin_pos < 0:
@@ -100,12 +102,20 @@ async def verify_old_files(store: DLedgerMmapFileStore, stop_pos: int | None = N
             result = "corrupt"
             cut_corrupt_log(store, st.pos, st.last_index,
                             f"verification of the older data files: {st.reason}")
+    except asyncio.CancelledError:
+        result = "cancelled"  # the store is shutting down
+        raise
+    except Exception:
+        # Unexpected (a bug, an unreadable file): stay `verifying`, i.e. never lead with files we
+        # could not check; the member still follows and votes. Logged loudly for the operator.
+        result, hold = "error", True
+        log.exception("event=old_files_verify_failed %s pos=%d: not campaigning until restarted", ctx, st.pos)
     finally:
-        store.verifying = False
+        store.verifying = hold
         store.unverified_region = None
         log.info("event=old_files_verify_end %s files=%d bytes=%d verifiedBytes=%d seconds=%.3f result=%s",
                  ctx, files, total, st.scanned_bytes, time.monotonic() - t0, result)
-    return result != "corrupt"
+    return result in ("ok", "gone")
 
 
 def cut_corrupt_log(store: DLedgerMmapFileStore, pos: int, last_index: int, reason: str) -> None:
