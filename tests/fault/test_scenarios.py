@@ -368,6 +368,69 @@ async def test_row10_minority_header_corruption(tmp_path: Path) -> None:
     assert_rejoined_after_corruption(report, tmp_path)
 
 
+OLD_FILE_DATA_SIZE = 16 * 1024  # small DLedger data files, so a 10 s run leaves far more than three
+
+
+async def minority_old_file_corruption(ctx: Ctx) -> None:
+    """Like `minority_corruption`, but the flipped entry sits in the victim's first data file, far
+    before recovery's scan (the last three files): recovery cannot see it, the background
+    verification after start must, cut there with a catch-up watermark, and the victim re-fetches,
+    never leading meanwhile. Then the leader is killed, as in `minority_corruption`."""
+    await ctx.sleep(3)
+    leader, _ = ctx.cluster.current_leader()
+    victim = next(m for m in ctx.cluster.members if m is not leader)
+    data_dir, index_dir = victim.dledger_dir / "data", victim.dledger_dir / "index"
+    for _ in range(20):  # enough files that the first is well outside recovery's scan
+        if len(diskfaults.log_files(data_dir)) >= 6 or ctx.remaining() < 4:
+            break
+        await asyncio.sleep(0.2)
+    ctx.cluster.kill(victim)
+    committed = read_checkpoint(str(victim.dledger_dir / "checkpoint")).committed_index
+    files = diskfaults.log_files(data_dir)
+    assert len(files) >= 6, f"{victim.name}: only {len(files)} data files"
+    locs = diskfaults.entries(data_dir, index_dir)
+    first_file = [e for e in locs if diskfaults.data_file_for(data_dir, e.pos)[0] == files[0]]
+    candidates = [e.index for e in first_file[1:] if e.size > BODY_OFFSET and e.index <= committed]
+    assert candidates, f"{victim.name}: no committed entry in {files[0]} (checkpoint committed {committed})"
+    index = ctx.rng.choice(candidates)
+    ctx.extra["flip"] = ctx.cluster.bit_flip(victim, index=index, in_body=True)
+    ctx.extra["checkpoint_committed"] = committed
+    ctx.extra["victim"] = victim.name
+    ctx.extra["victim_data_files"] = len(files)
+    ctx.extra["victim_log_from"] = victim.log_path.stat().st_size if victim.log_path.exists() else 0
+    await ctx.cluster.restart(victim)
+    await ctx.sleep(2)
+    leader, _ = ctx.cluster.current_leader()
+    if leader is not None and leader is not victim:
+        ctx.cluster.kill(leader)
+        await asyncio.sleep(2)
+        await ctx.cluster.restart(leader)
+    await ctx.sleep(ctx.remaining())
+
+
+def _victim_log_lines(report: dict, tmp_path: Path) -> list[str]:
+    extra = report["extra"]
+    with open(tmp_path / "cluster" / f"{extra['victim']}.log", "rb") as f:
+        f.seek(extra["victim_log_from"])
+        return f.read().decode(errors="replace").splitlines()
+
+
+@fault_full
+async def test_row10_minority_old_file_corruption(tmp_path: Path) -> None:
+    report = await run_scenario("row10_minority_old_file_corruption", 10, tmp_path,
+                                minority_old_file_corruption, duration_s=10,
+                                cluster_kwargs={"conf_overrides": {
+                                    "mappedFileSizeCommitLog": OLD_FILE_DATA_SIZE}})
+    assert_safe(report)
+    lines = _victim_log_lines(report, tmp_path)
+    recovered = next(line for line in lines if "event=store_recovered" in line)
+    assert "committed_entries_cut" not in "".join(lines[:lines.index(recovered)]), \
+        "recovery itself saw the flip: the entry was not outside its scan"
+    verified = [line for line in lines if "event=old_files_verify_end" in line]
+    assert verified and "result=corrupt" in verified[0], verified
+    assert_rejoined_after_corruption(report, tmp_path)
+
+
 # -- row 11 ------------------------------------------------------------------------------------------
 @fault_full
 async def test_row11_clock_skew(tmp_path: Path) -> None:
