@@ -518,7 +518,8 @@ class DLedgerMmapFileStore(DLedgerStore):
         if not 0 <= k < len(ifiles):
             raise DLedgerException(_E.DISK_ERROR, f"no index file holds the record of index {index}")
         imf = ifiles[k]
-        _, pos, size, rec_index, _ = INDEX_RECORD.unpack_from(imf.mm, ipos - imf.file_from_offset)
+        local = ipos - imf.file_from_offset
+        rec_magic, pos, size, rec_index, rec_term = INDEX_RECORD.unpack_from(imf.mm, local)
         dfiles = self.data_file_list.files
         k = (pos - dfiles[0].file_from_offset) // self.data_file_list.file_size if dfiles else -1
         if rec_index != index or not 0 <= k < len(dfiles):
@@ -534,9 +535,12 @@ class DLedgerMmapFileStore(DLedgerStore):
         if channel or chain_crc:
             raise DLedgerException(_E.DISK_ERROR, f"entry at pos {pos} (index {index}): reserved header "
                                    f"fields not zero (channel {channel}, chainCrc {chain_crc})")
-        if esize != size or eindex != index or epos != pos or blen + BODY_OFFSET != esize:
+        # The header is not covered by the body CRC: every field is checked against the record.
+        if esize != size or eindex != index or epos != pos or blen + BODY_OFFSET != esize \
+                or term != rec_term or magic != rec_magic:
             raise DLedgerException(_E.DISK_ERROR, f"entry at pos {pos} (index {eindex}, pos {epos}, "
-                                   f"size {esize}) does not match index record (index {index}, size {size})")
+                                   f"size {esize}, term {term}, magic {magic}) does not match index record "
+                                   f"(index {index}, size {size}, term {rec_term}, magic {rec_magic})")
         body = mm[off + BODY_OFFSET:off + esize]
         actual = zlib.crc32(body)
         if actual - ((actual & _CRC_FIX) << 1) != crc:
@@ -568,7 +572,7 @@ class DLedgerMmapFileStore(DLedgerStore):
             local = ipos - imf.file_from_offset
             n = min(last - i + 1, (imf.file_size - local) // INDEX_UNIT_SIZE)
             records = imf.mm[local:local + n * INDEX_UNIT_SIZE]
-            for _, pos, size, rec_index, _ in INDEX_RECORD.iter_unpack(records):
+            for rec_magic, pos, size, rec_index, rec_term in INDEX_RECORD.iter_unpack(records):
                 if mf is None or not lo <= pos < hi:
                     kd = (pos - dfiles[0].file_from_offset) // dfl.file_size if dfiles else -1
                     if not 0 <= kd < len(dfiles):
@@ -582,8 +586,8 @@ class DLedgerMmapFileStore(DLedgerStore):
                                            f"pos {pos}, size {size}) does not match the data files")
                 mm = mf.mm
                 magic, esize, eindex, term, epos, channel, chain_crc, crc, blen = unpack_header(mm, off)
-                if channel or chain_crc or esize != size or eindex != i or epos != pos \
-                        or blen + BODY_OFFSET != esize:
+                if channel or chain_crc or esize != size or eindex != i or epos != pos or term != rec_term \
+                        or magic != rec_magic or blen + BODY_OFFSET != esize:
                     raise DLedgerException(_E.DISK_ERROR, f"entry at pos {pos} (index {eindex}, pos {epos}, "
                                            f"size {esize}) does not match index record (index {i})")
                 body = mm[off + BODY_OFFSET:off + esize]
