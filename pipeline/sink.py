@@ -40,6 +40,7 @@ from pipeline.routes import (
     problem_of,
     split_addrs,
 )
+from pipeline.worker import freeze_worker_heap
 
 log = logging.getLogger("ledgermq.pipeline.sink")
 
@@ -272,6 +273,7 @@ class LedgerMQStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LedgerMQCommitMessage:
         """Executor: produce this partition of the micro-batch."""
+        freeze_worker_heap()  # PySpark's per-task gc.collect() would walk every imported object
         partition_id, attempt, batch_id, query_id = _task_identity()
         if batch_id is None or query_id is None:
             raise RuntimeError("ledgermq sink: no streaming batch/query id in the task context")
@@ -301,6 +303,7 @@ class LedgerMQBatchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LedgerMQCommitMessage:
         """Executor: produce this partition."""
+        freeze_worker_heap()  # PySpark's per-task gc.collect() would walk every imported object
         partition_id, attempt, _, _ = _task_identity()
         return write_batches(
             iterator,

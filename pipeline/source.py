@@ -50,6 +50,7 @@ from pipeline.offsets import (
 )
 from pipeline.routes import LedgerMQError, RouteResolver, split_addrs
 from pipeline.schema import source_schema
+from pipeline.worker import freeze_worker_heap
 
 log = logging.getLogger("ledgermq.pipeline.source")
 
@@ -230,6 +231,7 @@ class _Planner:
 
 
 def _read(partition: InputPartition, opts: SourceOptions) -> Iterator[pa.RecordBatch]:
+    freeze_worker_heap()  # PySpark's per-task gc.collect() would walk every imported object
     if not isinstance(partition, QueuePartition):  # Spark's placeholder when a batch plan is empty
         return iter(())
     return read_partition(partition, opts.fetch_options())
