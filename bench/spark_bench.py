@@ -14,8 +14,9 @@ Trigger.AvailableNow and ``maxOffsetsPerTrigger`` = messages / ``--batches``:
   including query start is reported beside it;
 - the output is verified: row count, distinct (queueId, queueOffset) pairs and distinct body ids
   must all equal ``--messages`` and every body must have ``--size`` bytes;
-- CPU-seconds of each process during the measured pass (broker, JVM split into task threads, JIT
-  and GC, Python workers, this driver) from /proc, and the load average (the 2 cores are shared).
+- CPU-seconds of each process during the measured pass, its query start included (broker, JVM
+  split into task threads, JIT and GC, Python workers, the streaming source runner, this driver)
+  from /proc, and the load average (the 2 cores are shared).
 
 Prints a table and writes bench/results/spark_bench.json.
 
@@ -120,12 +121,19 @@ def _thread_group(name: str) -> str:
     return "jvm_other"
 
 
-def cpu_snapshot(broker_pid: int, namesrv_pid: int) -> dict[str, float]:
-    """CPU-seconds so far of the broker, name server, this driver, the Spark JVM (by thread group)
-    and the Python workers the JVM started (its descendants)."""
-    snap = {"broker": _cpu_s(f"/proc/{broker_pid}/stat"), "namesrv": _cpu_s(f"/proc/{namesrv_pid}/stat")}
-    snap["bench_driver"] = _cpu_s("/proc/self/stat")
-    snap["python_workers"] = 0.0
+def _python_group(pid: int) -> str:
+    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    return "python_source_runner" if b"streaming_source_runner" in cmd else "python_workers"
+
+
+def cpu_snapshot(broker_pid: int, namesrv_pid: int) -> dict[tuple[str, int], float]:
+    """CPU-seconds so far, keyed by (group, pid or thread id): the broker, the name server, this
+    driver, the Spark JVM's threads (by thread group) and the Python processes the JVM started."""
+    snap = {
+        ("broker", broker_pid): _cpu_s(f"/proc/{broker_pid}/stat"),
+        ("namesrv", namesrv_pid): _cpu_s(f"/proc/{namesrv_pid}/stat"),
+        ("bench_driver", os.getpid()): _cpu_s("/proc/self/stat"),
+    }
     for pid in _children(os.getpid()):
         try:
             if not Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"java"):
@@ -140,16 +148,25 @@ def cpu_snapshot(broker_pid: int, namesrv_pid: int) -> dict[str, float]:
                 continue
             group = _thread_group(stat[stat.index("(") + 1 : stat.rindex(")")])
             fields = stat.rsplit(")", 1)[1].split()
-            snap[group] = snap.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / _TCK
+            snap[(group, int(task.name))] = (int(fields[11]) + int(fields[12])) / _TCK
         todo = _children(pid)
         while todo:  # the Python daemon, its forked workers and the streaming source runner
             child = todo.pop()
             try:
-                snap["python_workers"] += _cpu_s(f"/proc/{child}/stat")
+                snap[(_python_group(child), child)] = _cpu_s(f"/proc/{child}/stat")
                 todo += _children(child)
             except OSError:
                 continue
     return snap
+
+
+def cpu_delta(before: dict[tuple[str, int], float], after: dict[tuple[str, int], float]) -> dict[str, float]:
+    """CPU-seconds per group between two snapshots. Per process/thread, so one that ended in between
+    (the previous query's source runner) is not subtracted and one that started is counted whole."""
+    out: dict[str, float] = {}
+    for (group, ident), cpu in after.items():
+        out[group] = out.get(group, 0.0) + cpu - before.get((group, ident), 0.0)
+    return {k: round(v, 2) for k, v in sorted(out.items())}
 
 
 def _ts(iso: str) -> float:
@@ -287,7 +304,7 @@ def main() -> int:
                     os.kill(p.pid, signal.SIGKILL)
                     p.wait(5)
 
-    cpu = {k: round(cpu1.get(k, 0.0) - cpu0.get(k, 0.0), 2) for k in sorted(cpu1)}
+    cpu = cpu_delta(cpu0, cpu1)
     cpu_total = sum(cpu.values())
     rows = res["rows"]
     result = {
