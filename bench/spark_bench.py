@@ -29,6 +29,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -234,6 +235,7 @@ def main() -> int:
     ap.add_argument("--warmup-passes", type=int, default=3, help="full passes first (JIT warm-up)")
     ap.add_argument("--target", type=float, default=50_000.0)
     ap.add_argument("--sink", default="parquet", choices=["parquet", "noop"], help="noop isolates the source")
+    ap.add_argument("--keep-tmp", action="store_true", help="keep the broker store and Parquet output")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -303,6 +305,8 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     os.kill(p.pid, signal.SIGKILL)
                     p.wait(5)
+        if not args.keep_tmp:  # ~280 MB of commit log and Parquet per run
+            shutil.rmtree(tmp, ignore_errors=True)
 
     cpu = cpu_delta(cpu0, cpu1)
     cpu_total = sum(cpu.values())
