@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,20 +21,12 @@ import pytest
 
 from dledger.client import DLedgerClient
 from dledger.codes import DLedgerException
+from tests.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP = "itg"
 DATA_FILE_SIZE = 8 * 1024 * 1024
 
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 class Group:

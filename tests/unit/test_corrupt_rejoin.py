@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from dledger.entry import BODY_OFFSET
 from dledger.member_state import Role
 from dledger.rpc.protocol import VoteRequest, VoteResult
 from dledger.server import DLedgerServer
+from tests.ports import free_ports
 
 GROUP = "rejoin"
 IDS = ("n0", "n1", "n2")
@@ -31,15 +31,6 @@ INDEX_FILE = 32 * 1024
 N_ENTRIES = 200
 CORRUPT = 120  # committed on every member; not the first entry of its data file
 
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 class Group:

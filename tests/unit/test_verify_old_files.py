@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from dledger.entry import BODY_OFFSET, DLedgerEntry
 from dledger.rpc.protocol import LeadershipTransferRequest, VoteRequest, VoteResult
 from dledger.server import DLedgerServer
 from dledger.store.mmap_store import DLedgerMmapFileStore
+from tests.ports import free_ports
 
 GROUP = "verify"
 DATA_FILE = 64 * 1024
@@ -31,15 +31,6 @@ INDEX_FILE = 32 * 1024
 MIN_FILES = 12
 TERM = 3
 
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def config(base: Path, members: int) -> DLedgerConfig:
