@@ -9,6 +9,7 @@ import socket
 import pyarrow as pa
 import pytest
 
+import pipeline.worker
 from pipeline.binpull import PULL_BINARY_CONTENT_TYPE, decode_pull_page, first_keys, split_keys
 from pipeline.fetch import FetchOptions, QueuePartition, read_partition
 from pipeline.pullclient import TRANSPORT_ERRORS, PageClient
@@ -76,7 +77,10 @@ def test_read_partition_yields_the_exact_range_with_first_keys(cluster, topic_na
     assert all(len(b) <= 500 for b in batches)
 
 
-def test_freeze_worker_heap_once_per_process():
+def test_freeze_worker_heap_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Other tests may already have run a source read() in this process: start from a clean state.
+    gc.unfreeze()
+    monkeypatch.setattr(pipeline.worker, "_frozen_pid", None)
     try:
         freeze_worker_heap()
         frozen = gc.get_freeze_count()
