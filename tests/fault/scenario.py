@@ -138,6 +138,22 @@ async def run_scenario(name: str, row: int | str, tmp_path: Path, nemesis: Nemes
     return report
 
 
+async def wait_group_drained(ctx: Ctx, group: str, topic: str = "jepsen", queues: int = 4,
+                             limit_s: float = 40) -> None:
+    """After-stop step of the consumer scenarios: poll the master until `group` has lag 0 on all
+    `queues` of `topic`; records the seconds it took in ctx.extra["drained_s"] (None: never)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        leader = await ctx.cluster.wait_leader()
+        r = await ctx.cluster.http.get(f"{leader.url}/consumers/{group}/offsets", params={"topic": topic})
+        offsets = r.json().get("offsets", []) if r.status_code == 200 else []
+        if len(offsets) == queues and all(o["lag"] == 0 for o in offsets):
+            ctx.extra["drained_s"] = round(limit_s - (deadline - time.monotonic()), 1)
+            return
+        await asyncio.sleep(0.5)
+    ctx.extra["drained_s"] = None
+
+
 def _save(name: str, report: dict[str, Any], tmp_path: Path) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=str))

@@ -16,11 +16,9 @@ receive and ack) and replaced.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +26,7 @@ import pytest
 from tests.fault.checkers import receipts, term_change_times
 from tests.fault.cluster import PY, REPO
 from tests.fault.history import OK, load_history, pair_operations
-from tests.fault.scenario import Ctx, _save, assert_safe, brief, run_scenario
+from tests.fault.scenario import Ctx, _save, assert_safe, brief, run_scenario, wait_group_drained
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -64,24 +62,11 @@ async def test_row12_receipt_consumers_crash_mid_batch(tmp_path: Path) -> None:
             ctx.history.nemesis("kill_consumer", live[i].pid)
             live[i] = spawn(ctx)
 
-    async def drain(ctx: Ctx) -> None:
-        """The live consumers settle everything: lag 0 for the group on the master (bounded)."""
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline:
-            leader = await ctx.cluster.wait_leader()
-            r = await ctx.cluster.http.get(f"{leader.url}/consumers/{GROUP}/offsets",
-                                           params={"topic": "jepsen"})
-            offsets = r.json().get("offsets", []) if r.status_code == 200 else []
-            if len(offsets) == 4 and all(o["lag"] == 0 for o in offsets):
-                ctx.extra["drained_s"] = round(40 - (deadline - time.monotonic()), 1)
-                return
-            await asyncio.sleep(0.5)
-        ctx.extra["drained_s"] = None
 
     try:
         report = await run_scenario("row12_receipt_consumers_crash", 12, tmp_path, nemesis, duration_s=15,
                                     extra_histories=lambda: [p for p in histories if p.exists()],
-                                    after_stop=drain)
+                                    after_stop=lambda ctx: wait_group_drained(ctx, GROUP))
     finally:
         for p in procs:
             if p.poll() is None:

@@ -32,7 +32,7 @@ from dledger.store.checkpoint import read_checkpoint
 from tests.fault import diskfaults
 from tests.fault.cluster import PY, REPO
 from tests.fault.history import FAIL, INFO, OK, Event, load_history, pair_operations
-from tests.fault.scenario import Ctx, _save, assert_safe, brief, run_scenario
+from tests.fault.scenario import Ctx, _save, assert_safe, brief, run_scenario, wait_group_drained
 from tests.fault.workload import WorkloadConfig
 
 pytestmark = pytest.mark.timeout(240)
@@ -468,24 +468,12 @@ async def test_row12_consumer_crash_mid_batch(tmp_path: Path) -> None:
             ctx.history.nemesis("kill_consumer", p.pid)
             p = spawn(ctx)
 
-    async def drain(ctx: Ctx) -> None:
-        """The last consumer incarnation catches up: group lag 0 on the master (bounded)."""
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline:
-            leader = await ctx.cluster.wait_leader()
-            r = await ctx.cluster.http.get(f"{leader.url}/consumers/g1/offsets", params={"topic": "jepsen"})
-            offsets = r.json().get("offsets", []) if r.status_code == 200 else []
-            if len(offsets) == 4 and all(o["lag"] == 0 for o in offsets):
-                ctx.extra["drained_s"] = round(40 - (deadline - time.monotonic()), 1)
-                return
-            await asyncio.sleep(0.5)
-        ctx.extra["drained_s"] = None
 
     try:
         # A consumer killed while still importing never opened its history: it did nothing.
         report = await run_scenario("row12_consumer_crash", 12, tmp_path, nemesis, duration_s=15,
                                     extra_histories=lambda: [p for p in histories if p.exists()],
-                                    after_stop=drain)
+                                    after_stop=lambda ctx: wait_group_drained(ctx, "g1"))
     finally:
         for p in procs:
             if p.poll() is None:
