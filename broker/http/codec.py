@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import operator
 import struct
 import time
 from typing import Any
@@ -291,31 +292,21 @@ _UNIQ_ONLY = f"{PROPERTY_UNIQ_KEY}\x01".encode()
 _BODY_AT = BODY_LENGTH_POSITION + 4
 
 
+# The fields of a stored message's fixed header (the store's unpack) that a pull answer carries:
+# TOTALSIZE, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, BORNTIMESTAMP, STORETIMESTAMP, STOREHOST ip and
+# port, RECONSUMETIMES.
+_head_fields = operator.itemgetter(0, 3, 5, 6, 8, 11, 12, 13, 14)
+
+
 def message_json_view(
     view: memoryview, head: tuple, topic_at: int, props_at: int, force_base64: bool = False
 ) -> dict[str, Any]:
     """`message_json` built straight from a stored message's bytes (validated by the store's
     `read_messages`): no `MessageExt`, no body copy before the text decode, and a message whose
     only property is UNIQ_KEY (the bulk case) skips the properties parse."""
-    (
-        total,
-        _,
-        _,
-        queue_id,
-        _,
-        queue_offset,
-        phys,
-        _,
-        born_ts,
-        _,
-        _,
-        store_ts,
-        store_ip,
-        store_port,
-        reconsume,
-        _,
-        _,
-    ) = head
+    total, queue_id, queue_offset, phys, born_ts, store_ts, store_ip, store_port, reconsume = (
+        _head_fields(head)
+    )
     body = view[_BODY_AT:topic_at]
     if force_base64:
         text, enc = base64.b64encode(body).decode("ascii"), "base64"
@@ -396,25 +387,9 @@ _HOST_PREFIX_B: dict[tuple[bytes, int], bytes] = {}
 def message_binary_view(view: memoryview, head: tuple, topic_at: int, props_at: int) -> tuple[bytes, bytes]:
     """One stored message as (record + variable fields, body) of the binary pull format, built
     from the store's validated bytes like `message_json_view` (the same fields, no text decode)."""
-    (
-        total,
-        _,
-        _,
-        queue_id,
-        _,
-        queue_offset,
-        phys,
-        _,
-        born_ts,
-        _,
-        _,
-        store_ts,
-        store_ip,
-        store_port,
-        reconsume,
-        _,
-        _,
-    ) = head
+    total, queue_id, queue_offset, phys, born_ts, store_ts, store_ip, store_port, reconsume = (
+        _head_fields(head)
+    )
     body = bytes(view[_BODY_AT:topic_at])
     raw = bytes(view[props_at + 2 : total])
     if raw.startswith(_UNIQ_ONLY) and raw.count(b"\x02") == 1 and raw.endswith(b"\x02"):
