@@ -265,6 +265,12 @@ def _topic_field(topic: str) -> bytes:
     return bytes((len(topic_b),)) + topic_b
 
 
+def _too_large(nb: int, max_message_size: int) -> BrokerError:
+    return BrokerError(BrokerCode.MESSAGE_TOO_LARGE,
+                       f"body is {nb} bytes, maxMessageSize is {max_message_size}",
+                       maxMessageSize=max_message_size)
+
+
 def encode_message(msg: Message, *, queue_id: int, queue_offset: int, phys_offset: int,
                    store_host: str, store_timestamp: int | None = None,
                    props: dict[str, str] | None = None, reconsume_times: int = 0,
@@ -278,9 +284,7 @@ def encode_message(msg: Message, *, queue_id: int, queue_offset: int, phys_offse
     body = msg.body
     nb = len(body)
     if nb > max_message_size:
-        raise BrokerError(BrokerCode.MESSAGE_TOO_LARGE,
-                          f"body is {nb} bytes, maxMessageSize is {max_message_size}",
-                          maxMessageSize=max_message_size)
+        raise _too_large(nb, max_message_size)
     if props is None and not (msg.tags or msg.keys or msg.properties or msg.idempotency_key):
         # = properties_to_bytes({UNIQ_KEY: key}); the key is hex, so no separator check needed.
         props_b = _uniq_only_properties()
@@ -339,9 +343,7 @@ def encode_batch(msgs: list[Message], *, queue_id: int, store_host: str,
         body = msg.body
         nb = len(body)
         if nb > max_message_size:
-            raise BrokerError(BrokerCode.MESSAGE_TOO_LARGE,
-                              f"body is {nb} bytes, maxMessageSize is {max_message_size}",
-                              maxMessageSize=max_message_size)
+            raise _too_large(nb, max_message_size)
         total = FIXED_OVERHEAD - 1 + nb + len(topic_f) + uniq_len
         buf = bytearray(total)
         pack_into(buf, 0, total, MESSAGE_MAGIC_CODE, crc32(body) & 0x7FFFFFFF, queue_id, msg.flag, 0, 0, 0,
