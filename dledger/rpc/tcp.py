@@ -91,10 +91,8 @@ class _FrameConnection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._big is not None:
             return memoryview(self._big)[self._big_fill :]
-        if self._end == _SMALL_BUF_SIZE:  # only a partial small frame is left: move it to the front
-            n = self._end - self._start
-            self._small[:n] = bytes(self._small_view[self._start : self._end])  # may overlap: copy
-            self._start, self._end = 0, n
+        # Never empty: buffer_updated keeps an unparsed tail within the last _SMALL_FRAME_MAX bytes
+        # only while it is a small frame's head, and moves anything further back to the front.
         return self._small_view[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
