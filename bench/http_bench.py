@@ -374,6 +374,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--flush", default="ASYNC_FLUSH", choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
     ap.add_argument("--keep", action="store_true", help="keep the store/log directory")
+    ap.add_argument(
+        "--phases", default="single,batch,pull",
+        help="comma-separated subset of single,batch,pull (e.g. 'batch' to profile one phase)",
+    )
     ap.add_argument("--single", action="store_true", help="one local-mode broker instead of the DLedger set")
     args = ap.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="http-bench-"))
@@ -414,14 +418,18 @@ def main(argv: list[str] | None = None) -> int:
             res["master_cpu_s"] = res["broker_cpu_s"].get(master)
             mem.append(cluster.memory())
 
-        per = max(1, args.clients // w)
-        phase("produce_single", "produce", [(host, int(port), per, args.seconds, 1, args.size)] * w)
-        perb = max(1, args.batch_clients // w)
-        phase("produce_batch100", "produce", [(host, int(port), perb, args.seconds, 100, args.size)] * w)
+        phases = set(args.phases.split(","))
+        if "single" in phases:
+            per = max(1, args.clients // w)
+            phase("produce_single", "produce", [(host, int(port), per, args.seconds, 1, args.size)] * w)
+        if "batch" in phases:
+            perb = max(1, args.batch_clients // w)
+            phase("produce_batch100", "produce", [(host, int(port), perb, args.seconds, 100, args.size)] * w)
         topic = httpx.get(f"http://{addr}/topics/{TOPIC}").json()
         queues = [(q["queueId"], q["maxOffset"]) for q in topic["queues"]]
-        shards = [queues[i::w] for i in range(w)]
-        phase("pull_256", "pull", [(host, int(port), s, 256) for s in shards if s])
+        if "pull" in phases:
+            shards = [queues[i::w] for i in range(w)]
+            phase("pull_256", "pull", [(host, int(port), s, 256) for s in shards if s])
         report["stored_messages"] = sum(e for _, e in queues)
         report["rss_anon_mb"] = {sid: max((m[sid] or 0) for m in mem) for sid in cluster.addrs}
         report["rss_anon_mb_start"] = mem[0]
@@ -453,16 +461,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{'msg/cpu-s':>11}{'master cpu':>11}  target"
     )
     for phase, (_key, target) in targets.items():
+        if phase not in report:
+            continue
         r = report[phase]
         print(
             f"{phase:<18}{r['msgs_per_s']:>10}{r['requests']:>9}{r['errors']:>6}{r['p50_ms']!s:>9}"
             f"{r['p99_ms']!s:>9}{r['msgs_per_broker_cpu_s']!s:>11}{r['master_cpu_s']!s:>11}"
             f"  >= {target} msgs/s"
         )
-    print(
-        f"p99 single produce target < 25 ms at {args.clients} clients: "
-        f"{report['produce_single']['p99_ms']} ms"
-    )
+    if "produce_single" in report:
+        print(
+            f"p99 single produce target < 25 ms at {args.clients} clients: "
+            f"{report['produce_single']['p99_ms']} ms"
+        )
     print(
         f"broker RssAnon max MB (mapped files excluded): {report['rss_anon_mb']}; "
         f"stored {report['stored_messages']} messages"
@@ -470,8 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"RssAnon MB at start {report['rss_anon_mb_start']} -> end {report['rss_anon_mb_end']}")
     print(f"RssAnon growth KB per 1k stored messages, start to end (warm-up included): "
           f"{report['rss_anon_growth_kb_per_1k_msgs']}")
-    print(f"RssAnon growth KB per 1k messages over the second half of the batched produce (steady state): "
-          f"{report['produce_batch100']['rss_anon_growth_kb_per_1k_msgs_second_half']}")
+    if "produce_batch100" in report:
+        print("RssAnon growth KB per 1k messages over the second half of the batched produce (steady state): "
+              f"{report['produce_batch100']['rss_anon_growth_kb_per_1k_msgs_second_half']}")
     print(f"written {RESULTS / name}")
     return 0
 

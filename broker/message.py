@@ -256,6 +256,16 @@ _UNIQ_ONLY_TAIL = PROPERTY_SEPARATOR.encode()
 _UNIQ_PROPS_HEAD = _UNIQ_ONLY_HEAD + _UNIQ_PREFIX.encode()
 
 
+def plain_tail_signature(topic_raw: bytes) -> tuple[bytes, int]:
+    """What follows the body of a message of topic `topic_raw` whose only property is a generated
+    UNIQ_KEY (no tags, keys or idempotency key: the bulk of produced batches): the bytes from the
+    topic length up to the UNIQ_KEY value, and the length of the whole tail. The dispatcher tells
+    such messages by one comparison."""
+    props_len = len(_UNIQ_ONLY_HEAD) + 32 + len(_UNIQ_ONLY_TAIL)
+    sig = bytes([len(topic_raw)]) + topic_raw + _SHORT.pack(props_len) + _UNIQ_ONLY_HEAD
+    return sig, 1 + len(topic_raw) + 2 + props_len
+
+
 @functools.lru_cache(maxsize=4096)
 def _topic_field(topic: str) -> bytes:
     """TOPIC as stored (length byte + UTF-8), cached per topic; INVALID_TOPIC outside 1-127 bytes."""

@@ -136,6 +136,27 @@ class ConsumeQueue:
         self.max_phys_end = phys + size
         return True
 
+    def put_units(self, queue_offset: int, units: list[tuple[int, int]]) -> None:
+        """`put_unit` for consecutive queue offsets from `queue_offset`, (phys, size) each, tags hash
+        0: one write when they are the next units and fit in the last file."""
+        files = self.files.files
+        n = len(units)
+        if files:
+            last = files[-1]
+            wrote = last.wrote_pos
+            if queue_offset * CQ_STORE_UNIT_SIZE == last.file_from_offset + wrote \
+                    and wrote + n * CQ_STORE_UNIT_SIZE <= last.file_size:
+                pack_into, mm, at = UNIT.pack_into, last.mm, wrote
+                for phys, size in units:
+                    pack_into(mm, at, phys, size, 0)
+                    at += CQ_STORE_UNIT_SIZE
+                last.wrote_pos = at
+                phys, size = units[-1]
+                self.max_phys_end = phys + size
+                return
+        for i, (phys, size) in enumerate(units):
+            self.put_unit(queue_offset + i, phys, size, 0)
+
     # ---- reading ------------------------------------------------------------------------------
 
     def get_unit(self, offset: int) -> tuple[int, int, int]:

@@ -2,17 +2,20 @@
 
 It embeds a `DLedgerServer` built from the broker config (`dLegerGroup`, `dLegerPeers`,
 `dLegerSelfId`, `storePathRootDir`, `mappedFileSizeCommitLog`, `deleteWhen`, `fileReservedTime`),
-or uses the one it is given. Each message is the body of one DLedger entry, so its bytes start at
-`entry.pos + BODY_OFFSET` in the DLedger data files — identical on every member.
+or uses the one it is given. A put packs its messages back to back into DLedger entry bodies of up
+to 256 KiB (a larger message is an entry of its own), so a message's bytes start at `entry.pos +
+BODY_OFFSET` plus the sizes of the messages before it in the entry — identical on every member.
+RocketMQ appends one entry per message; packing divides the per-entry work of the leader and the
+followers (index record, CRC, push, apply) by the batch size, and a batch commits as one.
 
 The **append hook** runs on the leader as each entry is written into the data file (in log order):
-it writes `entry.pos + BODY_OFFSET` at `PHY_POS_POSITION` of the message and assigns the queue
-offset (QUEUEOFFSET) from the topic-queue table, so queue offsets follow log order exactly however
-many puts run at once. Followers store the leader's bytes unchanged.
+for each message in it, it writes the message's own position at `PHY_POS_POSITION` and assigns the
+queue offset (QUEUEOFFSET) from the topic-queue table, so queue offsets follow log order exactly
+however many puts run at once. Followers store the leader's bytes unchanged.
 
 `put(bufs)` appends a batch through `server.append` and returns after commit. Reads go straight to
 the DLedger data files by (physical offset, size), bounded by the committed position. The store is
-the server's `StateMachine`: `on_apply` gets committed entries in index order and dispatches the
+the server's `StateMachine`: `on_apply` gets committed entries in index order and dispatches their
 messages (skipping the no-op entry, magic 2, and anything that is not a message).
 """
 
@@ -34,7 +37,7 @@ from broker.message import (
     QUEUE_OFFSET_POSITION,
 )
 from dledger.codes import DLedgerException, DLedgerResponseCode
-from dledger.entry import BODY_OFFSET, HEADER, MAGIC_NORMAL, DLedgerEntry
+from dledger.entry import BODY_OFFSET, MAGIC_NORMAL, DLedgerEntry
 
 if TYPE_CHECKING:
     from broker.store.message_store import DefaultMessageStore
@@ -42,8 +45,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _INT = struct.Struct(">i")
+_SIZE_MAGIC = struct.Struct(">ii")
 _LONG = struct.Struct(">q")
 _E = DLedgerResponseCode
+_PACK_BYTES = 256 * 1024
 
 # DLedger failure → broker error (RocketMQ maps these to SERVICE_NOT_AVAILABLE, IN_SYNC_REPLICAS_NOT_ENOUGH,
 # OS_PAGE_CACHE_BUSY; we say precisely what a client should do).
@@ -108,22 +113,40 @@ class DLedgerCommitLog:
         await self.server.shutdown()
 
     def _index_of_last_dispatched(self) -> int:
-        """Index of the entry holding the message that ends at reput_offset (-1: start from the
-        beginning; entries below reput_offset are skipped by `dispatch` anyway)."""
+        """Index of the entry before the one holding the message that ends at reput_offset, so that
+        entry is applied again: its other messages may not have been dispatched before a stop
+        (-1: start from the beginning; messages below reput_offset are skipped by `dispatch`)."""
         end = self.store.reput_offset
-        best = None
+        phys = None
         for cq in self.store.consume_queues.values():
             if cq.max_phys_end == end and cq.max_offset > cq.min_offset:
                 phys, _, _ = cq.get_unit(cq.max_offset - 1)
-                best = phys
                 break
-        if best is None:
+        if phys is None:
             return -1
+        found = self.entry_index_at(phys)
+        return found - 1 if found >= 0 else -1
+
+    def entry_index_at(self, phys: int) -> int:
+        """Index of the entry whose body holds commit-log position `phys` (-1: none, or unreadable):
+        a binary search over the index records, as an entry packs several messages."""
+        d = self.dstore
+        lo, hi = max(d.ledger_begin_index, 0), d.ledger_end_index
+        found = -1
         try:
-            header = self.dstore.get_data(best - BODY_OFFSET, BODY_OFFSET)
-            return HEADER.unpack_from(header, 0)[2]
+            while lo <= hi:
+                mid = (lo + hi) // 2
+                if self._entry_pos(mid) <= phys - BODY_OFFSET:
+                    found, lo = mid, mid + 1
+                else:
+                    hi = mid - 1
         except DLedgerException:
             return -1
+        return found
+
+    def _entry_pos(self, index: int) -> int:
+        pos_and_size = getattr(self.dstore, "get_entry_pos_and_size", None)
+        return pos_and_size(index)[0] if pos_and_size is not None else self.dstore.get(index).pos
 
     # ---- positions ----------------------------------------------------------------------------
 
@@ -158,45 +181,76 @@ class DLedgerCommitLog:
     # ---- the append hook ------------------------------------------------------------------------
 
     def _append_hook(self, entry: DLedgerEntry, view: memoryview, body_offset: int) -> None:
-        """Stamp PHYSICALOFFSET (= entry.pos + BODY_OFFSET) and assign QUEUEOFFSET, in log order."""
-        if entry.magic != MAGIC_NORMAL or len(view) - body_offset < FIXED_OVERHEAD:
+        """Stamp PHYSICALOFFSET and assign QUEUEOFFSET of each message the entry packs, in log order.
+        Messages of one topic and queue in a row (a produced batch) take the next offsets of a run
+        held here: one table read and one write per run."""
+        if entry.magic != MAGIC_NORMAL:
             return
-        if _INT.unpack_from(view, body_offset + 4)[0] != MESSAGE_MAGIC_CODE:
-            return
-        # Topic bytes copied out by position (no view kept: the store unmaps files only without views).
-        body_len = _INT.unpack_from(view, body_offset + BODY_LENGTH_POSITION)[0]
-        topic_at = body_offset + BODY_LENGTH_POSITION + 4 + body_len
-        if body_len < 0 or topic_at >= len(view):
-            return  # not a message we encoded; the dispatcher reports it
-        topic = self.store.topic_name(bytes(view[topic_at + 1:topic_at + 1 + view[topic_at]]))
-        queue_id = _INT.unpack_from(view, body_offset + QUEUE_ID_POSITION)[0]
-        queue_offset = self.store.assign_queue_offset(topic, queue_id)
-        _LONG.pack_into(view, body_offset + QUEUE_OFFSET_POSITION, queue_offset)
-        _LONG.pack_into(view, body_offset + PHY_POS_POSITION, entry.pos + body_offset)
+        end = len(view)
+        off = body_offset
+        base = entry.pos
+        table = self.store.queue_offset_table
+        key: tuple[str, int] | None = None
+        run_topic = b""
+        run_qid = next_qoff = -1
+        try:
+            while end - off >= FIXED_OVERHEAD:
+                size, magic = _SIZE_MAGIC.unpack_from(view, off)
+                if magic != MESSAGE_MAGIC_CODE or size < FIXED_OVERHEAD or off + size > end:
+                    return  # not a message we encoded; the dispatcher reports it
+                body_len = _INT.unpack_from(view, off + BODY_LENGTH_POSITION)[0]
+                topic_at = off + BODY_LENGTH_POSITION + 4 + body_len
+                if body_len < 0 or topic_at >= off + size:
+                    return
+                topic_end = topic_at + 1 + view[topic_at]
+                queue_id = _INT.unpack_from(view, off + QUEUE_ID_POSITION)[0]
+                if queue_id != run_qid or view[topic_at + 1:topic_end] != run_topic:
+                    if key is not None:
+                        table[key] = next_qoff
+                    # Topic bytes copied out (no view kept: the store unmaps files only without views).
+                    run_topic, run_qid = bytes(view[topic_at + 1:topic_end]), queue_id
+                    key = (self.store.topic_name(run_topic), queue_id)
+                    next_qoff = table.get(key, 0)
+                _LONG.pack_into(view, off + QUEUE_OFFSET_POSITION, next_qoff)
+                _LONG.pack_into(view, off + PHY_POS_POSITION, base + off)
+                next_qoff += 1
+                off += size
+        finally:
+            if key is not None:
+                table[key] = next_qoff
 
     # ---- writing --------------------------------------------------------------------------------
 
     async def put(self, bufs: list[bytearray]) -> list[tuple[int, int, int, int]]:
         """Append a batch through the DLedger server (leader only); returns after commit with
         (phys offset, size, queue id, queue offset) of each message."""
+        groups: list[list[bytearray]] = []
+        size = _PACK_BYTES
+        for b in bufs:
+            if size + len(b) > _PACK_BYTES:
+                groups.append([])
+                size = 0
+            groups[-1].append(b)
+            size += len(b)
         try:
-            results = await self.server.append([bytes(b) for b in bufs])
+            results = await self.server.append([b"".join(g) for g in groups])
         except DLedgerException as exc:
             raise self._broker_error(exc) from None
-        first = self._stamped(results[0].pos + BODY_OFFSET)
-        last = self._stamped(results[-1].pos + BODY_OFFSET)
-        n = len(results)
-        if last[0] == first[0] and last[1] == first[1] + n - 1:
-            # One batch is appended in one synchronous call, so the hook numbered its messages
-            # consecutively: two header reads instead of one per message.
-            qid, qoff = first
-            return [(r.pos + BODY_OFFSET, len(b), qid, qoff + i)
-                    for i, (r, b) in enumerate(zip(results, bufs, strict=True))]
         out = []
-        for res, buf in zip(results, bufs, strict=True):
+        for res, group in zip(results, groups, strict=True):
             phys = res.pos + BODY_OFFSET
-            qid, qoff = self._stamped(phys)
-            out.append((phys, len(buf), qid, qoff))
+            first = self._stamped(phys)
+            last = self._stamped(phys + sum(len(b) for b in group[:-1]))
+            if last[0] == first[0] and last[1] == first[1] + len(group) - 1:
+                qid, qoff = first
+                for i, b in enumerate(group):
+                    out.append((phys, len(b), qid, qoff + i))
+                    phys += len(b)
+            else:
+                for b in group:
+                    qid, qoff = self._stamped(phys)
+                    out.append((phys, len(b), qid, qoff))
+                    phys += len(b)
         return out
 
     def _stamped(self, phys: int) -> tuple[int, int]:
@@ -256,19 +310,17 @@ class DLedgerCommitLog:
         for entry in entries:
             if entry.index <= self.applied_index:
                 continue
-            if entry.magic == MAGIC_NORMAL and entry.size - BODY_OFFSET >= FIXED_OVERHEAD:
-                phys = entry.pos + BODY_OFFSET
-                if phys >= store.reput_offset:
-                    # The caller read the entry (index record, CRC) with its body: dispatch from
-                    # it rather than reading the data file a second time.
-                    data: bytes | memoryview | None = entry.body
-                    if data is None or len(data) != entry.size - BODY_OFFSET:
-                        try:
-                            data = self.dstore.get_data(phys, entry.size - BODY_OFFSET)
-                        except DLedgerException as exc:
-                            log.error("event=dispatch_read_failed %s index=%d pos=%d reason=%s", self._ctx,
-                                      entry.index, entry.pos, exc)
-                            data = None
-                    if data is not None and _INT.unpack_from(data, 4)[0] == MESSAGE_MAGIC_CODE:
-                        store.dispatch(data, phys)
+            if entry.magic == MAGIC_NORMAL and entry.size - BODY_OFFSET >= FIXED_OVERHEAD \
+                    and entry.pos + entry.size > store.reput_offset:
+                base = entry.pos + BODY_OFFSET
+                data: bytes | memoryview | None = entry.body
+                if data is None or len(data) != entry.size - BODY_OFFSET:
+                    try:
+                        data = self.dstore.get_data(base, entry.size - BODY_OFFSET)
+                    except DLedgerException as exc:
+                        log.error("event=dispatch_read_failed %s index=%d pos=%d reason=%s", self._ctx,
+                                  entry.index, entry.pos, exc)
+                        data = None
+                if data is not None and _INT.unpack_from(data, 4)[0] == MESSAGE_MAGIC_CODE:
+                    store.dispatch_packed(data, base)
             self.applied_index = entry.index

@@ -35,6 +35,7 @@ import orjson
 from broker.config import BrokerConfig
 from broker.errors import BrokerCode, BrokerError
 from broker.message import (
+    BODY_LENGTH_POSITION,
     FIXED_OVERHEAD,
     IDEMPOTENCY_MARK,
     MESSAGE_MAGIC_CODE,
@@ -53,6 +54,7 @@ from broker.message import (
     message_ext_from,
     new_uniq_key,
     parse_message,
+    plain_tail_signature,
     tags_hash_code,
     unpack_host,
 )
@@ -72,6 +74,10 @@ from dledger.codes import DLedgerResponseCode
 log = logging.getLogger(__name__)
 
 _LONG = struct.Struct(">q")
+_SHORT = struct.Struct(">h")
+# The header fields dispatch_packed checks: total size, magic, queue id, queue offset, physical
+# offset, body length (offsets 0, 4, 12, 20, 28, 84 of broker.message.HEAD).
+_RUN_HEAD = struct.Struct(">ii4xi4xqq48xi")
 MAX_PULL_MESSAGES = 1024
 DEFAULT_PULL_BYTES = 4 * 1024 * 1024
 __all__ = ["DefaultMessageStore", "GetResult", "PutResult"]
@@ -267,7 +273,8 @@ class DefaultMessageStore:
     # ---- producing ----------------------------------------------------------------------------
 
     def assign_queue_offset(self, topic: str, queue_id: int) -> int:
-        """Next queue offset of (topic, queueId); called in log order (local put, DLedger hook)."""
+        """Next queue offset of (topic, queueId), in log order (local put; the DLedger append hook
+        advances `queue_offset_table` itself, a run of messages at a time)."""
         key = (topic, queue_id)
         off = self.queue_offset_table.get(key, 0)
         self.queue_offset_table[key] = off + 1
@@ -490,6 +497,67 @@ class DefaultMessageStore:
         ev = self._arrivals.pop(key, None)
         if ev is not None:
             ev.set()
+
+    def dispatch_packed(self, data: memoryview | bytes, base: int) -> None:
+        """Dispatch, in order, the messages stored back to back in `data` (one committed DLedger
+        entry body), the first at commit-log position `base`.
+
+        The bulk of a produced batch takes a short path: a message of the same topic and queue as
+        the one before it, with the next queue offset and no property but its UNIQ_KEY, gets its
+        layout checked by one comparison and one consume-queue unit (a fifth of what `dispatch`
+        costs). The first message of each run, and every other message, goes through `dispatch`."""
+        end = len(data)
+        off = 0
+        unpack_head = _RUN_HEAD.unpack_from
+        run_sig = b""  # plain_tail_signature of the current run's topic; b"": no run
+        run_tail = run_qid = first_qoff = -1
+        run_cq: ConsumeQueue | None = None
+        units: list[tuple[int, int]] = []
+        while end - off >= FIXED_OVERHEAD:
+            phys = base + off
+            total, magic, queue_id, queue_offset, stored_phys, body_len = unpack_head(data, off)
+            msg_end = off + total
+            if magic != MESSAGE_MAGIC_CODE or total < FIXED_OVERHEAD or msg_end > end:
+                self._end_run(run_cq, first_qoff, units)
+                log.error("event=dispatch_skipped phys=%d reason=no message at this position of the entry "
+                          "at %d (magic %#010x, size %d)", phys, base, magic & 0xFFFFFFFF, total)
+                self.reput_offset = max(self.reput_offset, base + end)
+                return
+            if phys < self.reput_offset:
+                off = msg_end  # already dispatched (replay after restart)
+                continue
+            topic_at = off + BODY_LENGTH_POSITION + 4 + body_len
+            if run_sig and queue_id == run_qid and queue_offset == first_qoff + len(units) \
+                    and stored_phys == phys and body_len >= 0 and msg_end - topic_at == run_tail \
+                    and data[topic_at:topic_at + len(run_sig)] == run_sig:
+                units.append((phys, total))
+                off = msg_end
+                continue
+            self._end_run(run_cq, first_qoff, units)
+            run_sig, run_cq, units = b"", None, []
+            self.dispatch(data[off:msg_end], phys)
+            if self.reput_offset == base + msg_end and body_len >= 0:  # dispatched, not skipped
+                raw = bytes(data[topic_at + 1:topic_at + 1 + data[topic_at]])
+                topic = self.topic_name(raw)
+                run_cq = self.consume_queues.get((topic, queue_id))
+                if run_cq is not None and topic not in self._system_handlers:
+                    run_sig, run_tail = plain_tail_signature(raw)
+                    run_qid, first_qoff = queue_id, queue_offset + 1
+            off = msg_end
+        self._end_run(run_cq, first_qoff, units)
+        # Long polls: `dispatch` woke a run's waiters at its first message; they run after this
+        # synchronous loop and read the whole run.
+
+    def _end_run(self, cq: ConsumeQueue | None, first_qoff: int, units: list[tuple[int, int]]) -> None:
+        if cq is None or not units:
+            return
+        cq.put_units(first_qoff, units)
+        next_qoff = first_qoff + len(units)
+        key = (cq.topic, cq.queue_id)
+        if not self.is_master and self.queue_offset_table.get(key, 0) < next_qoff:
+            self.queue_offset_table[key] = next_qoff
+        phys, size = units[-1]
+        self.reput_offset = phys + size
 
     def dispatch_done(self) -> None:
         """After a batch of dispatches: release `wait_dispatched` callers that are covered."""

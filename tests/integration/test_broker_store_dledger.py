@@ -85,12 +85,20 @@ async def test_hook_stamps_physical_offset_on_all_members_across_roll_over(group
         files = os.listdir(data_dir)
         assert len(files) > 5, f"expected roll-over, got {len(files)} data files"
         stamped = {}
+        packed = 0
         for pos, magic, body in walk_data_files(data_dir):
             if magic != 1 or pos + 48 + len(body) > end:
                 continue
-            phys = struct.unpack_from(">q", body, PHY_POS_POSITION)[0]
-            assert phys == pos + 48, f"{c.config.dleger_self_id}: stamped {phys}, bytes start at {pos + 48}"
-            stamped[phys] = decode_message(body, phys)
+            off = 0  # a batch is packed into one entry: its messages lie back to back in the body
+            while off < len(body):
+                size = struct.unpack_from(">i", body, off)[0]
+                phys = struct.unpack_from(">q", body, off + PHY_POS_POSITION)[0]
+                assert phys == pos + 48 + off, \
+                    f"{c.config.dleger_self_id}: stamped {phys}, bytes start at {pos + 48 + off}"
+                stamped[phys] = decode_message(body[off:off + size], phys)
+                off += size
+            packed = max(packed, len([p for p in stamped if pos + 48 <= p < pos + 48 + len(body)]))
+        assert packed == 4, "a batch of 4 is one entry"
         for r in acked:
             m = stamped[r.commit_log_offset]
             assert (m.queue_id, m.queue_offset) == (r.queue_id, r.queue_offset)
@@ -124,3 +132,48 @@ async def test_slaves_refuse_writes_and_share_offsets(group):
         await wait_for(lambda s=s: s.store.max_offset("T", 0) == 1, what="slave dispatch")
         assert s.store.get_messages("T", 0, 0, 10).messages[0].body == b"x"
     assert master.broker_id == 0 and master.status()["role"] == "MASTER"
+
+
+async def test_restart_redispatches_an_entry_its_queue_held_only_in_part(tmp_path):
+    """A batch is one DLedger entry; if a stop left only part of its units in the consume queue,
+    the restarted member applies that entry again and the queue is whole."""
+    from broker.controller import BrokerController
+
+    confs = member_configs(tmp_path)
+    ctls = [BrokerController(c) for c in confs]
+    await asyncio.gather(*(c.start() for c in ctls))
+    try:
+        await wait_for(lambda: any(c.is_master for c in ctls), what="a master")
+        master = next(c for c in ctls if c.is_master)
+        acked = []
+        for i in range(6):
+            msgs = [Message("Part", b"p%d-%d" % (i, j) * 10) for j in range(5)]
+            acked += await master.store.put_messages("Part", msgs, 0)
+        for c in ctls:
+            await wait_for(lambda c=c: c.store.max_offset("Part", 0) == 30, what="every member dispatched")
+        expected = master.store.consume_queues[("Part", 0)].get_units(0, 100)
+        assert [u[0] for u in expected] == [r.commit_log_offset for r in acked]
+        # Each batch of 5 is one entry: every message maps to its batch's entry, found by search.
+        cl = master.store.commit_log
+        index_of = [cl.entry_index_at(r.commit_log_offset) for r in acked]
+        assert all(index_of[i] == index_of[i - i % 5] for i in range(30))
+        assert len(set(index_of)) == 6 and index_of == sorted(index_of)
+        for i in index_of:
+            pos, size = cl.dstore.get_entry_pos_and_size(i)
+            assert pos + 48 <= acked[index_of.index(i)].commit_log_offset < pos + size
+    finally:
+        await asyncio.gather(*(c.shutdown() for c in ctls), return_exceptions=True)
+    for c in confs:  # lose the last 3 units of the last batch (of 5) in every member's queue
+        qdir = tmp_path / c.dleger_self_id / "consumequeue" / "Part" / "0"
+        cq_file = sorted(qdir.iterdir())[0]
+        raw = bytearray(cq_file.read_bytes())
+        raw[27 * 20:30 * 20] = bytes(3 * 20)
+        cq_file.write_bytes(raw)
+    ctls = [BrokerController(c) for c in confs]
+    await asyncio.gather(*(c.start() for c in ctls))
+    try:
+        for c in ctls:
+            await wait_for(lambda c=c: c.store.max_offset("Part", 0) == 30, what="entry applied again")
+            assert c.store.consume_queues[("Part", 0)].get_units(0, 100) == expected
+    finally:
+        await asyncio.gather(*(c.shutdown() for c in ctls), return_exceptions=True)
