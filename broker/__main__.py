@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def run(config) -> int:
     """Start the broker, serve until SIGINT/SIGTERM, stop gracefully."""
-    from broker.http.runtime import BrokerRuntime
+    from broker.http.runtime import BrokerRuntime, tune_gc
 
     runtime = BrokerRuntime(config)
     loop = asyncio.get_running_loop()
@@ -51,6 +51,7 @@ async def run(config) -> int:
         log.exception("event=broker_start_failed broker=%s", config.broker_name)
         print(f"mqbroker: {config.broker_name} failed to start: {exc}", file=sys.stderr)
         return 1
+    tune_gc()
     await runtime.wait()
     await runtime.stop()
     return 0

@@ -203,6 +203,9 @@ async def run(config: ContainerConfig) -> int:
         return 1
     if not any(b.state == "RUNNING" for b in container.brokers):
         log.error("event=container_no_broker_running")
+    from broker.http.runtime import tune_gc
+
+    tune_gc()
     await container.run_until_stopped()
     return 0 if any(b.state == "STOPPED" for b in container.brokers) else 1
 
