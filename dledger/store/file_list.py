@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 _INT = struct.Struct(">i")
 _ZERO_CHUNK = 1 << 20
 _ZEROS = bytes(_ZERO_CHUNK)
+# Records from this size up are written with MmapFile.write (pwrite); smaller ones (index records,
+# consume-queue units) through the map, where a syscall would cost more than the rare page fault.
+_WRITE_THROUGH_FD = 4096
 
 
 def _disk_error(message: str) -> DLedgerException:
@@ -68,6 +71,23 @@ class MmapFile:
 
     def mtime(self) -> float:
         return os.stat(self.path).st_mtime
+
+    def write(self, off: int, *parts: bytes | bytearray | memoryview) -> None:
+        """Write `parts` back to back at local offset `off` through the file descriptor (one
+        pwritev). Bulk data goes this way, not through the map: a store into a new page of the
+        (sparse) file faults it in, and the fault's readahead zero-fills whole folios first —
+        measured here, 70-300 us of CPU per 100 KB through the map against ~40 with pwrite, and
+        the largest kernel cost of a follower. Reads still use the map: Linux has one page cache
+        for both."""
+        total = sum(len(p) for p in parts)
+        if off < 0 or off + total > self.file_size:
+            raise _disk_error(f"{self.path}: write of {total} bytes at {off} outside the file")
+        try:
+            written = os.pwritev(self.fd, parts, off) if len(parts) > 1 else os.pwrite(self.fd, parts[0], off)
+        except OSError as exc:
+            raise _disk_error(f"{self.path}: write of {total} bytes at {off} failed: {exc}") from None
+        if written != total:
+            raise _disk_error(f"{self.path}: short write at {off}: {written} of {total} bytes")
 
     def fsync(self) -> None:
         """fdatasync the file (blocking; call from a worker thread on the async path)."""
@@ -257,7 +277,10 @@ class MmapFileList:
     def append(self, data: bytes | bytearray | memoryview, use_blank: bool = True) -> int:
         """Write `data` as one record (never split across files); returns its global position."""
         mf, off = self.reserve(len(data), use_blank)
-        mf.mm[off:off + len(data)] = data
+        if len(data) >= _WRITE_THROUGH_FD:
+            mf.write(off, data)
+        else:
+            mf.mm[off:off + len(data)] = data
         return mf.file_from_offset + off
 
     def append_spanning(self, data: bytes | bytearray | memoryview) -> int:

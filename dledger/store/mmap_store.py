@@ -211,9 +211,8 @@ class DLedgerMmapFileStore(DLedgerStore):
                 crc = crc32(body)
                 crc -= (crc & _CRC_FIX) << 1
                 entry.body_crc = crc
-                HEADER.pack_into(mf.mm, off, entry.magic, size, index, term, pos, entry.channel,
-                                 entry.chain_crc, crc, blen)
-                mf.mm[off + BODY_OFFSET:off + size] = body
+                mf.write(off, HEADER.pack(entry.magic, size, index, term, pos, entry.channel,
+                                          entry.chain_crc, crc, blen), body)
             self._append_index_records(INDEX_RECORD.pack(entry.magic, pos, size, index, term), index, pos)
         except BaseException:
             self.data_file_list.truncate_offset(pos)  # a claimed but unwritten gap would end recovery
@@ -226,27 +225,24 @@ class DLedgerMmapFileStore(DLedgerStore):
         return entry
 
     def _write_with_hooks(self, mf, off: int, entry: DLedgerEntry) -> None:
-        """Encode into the map, let the hooks stamp the view, then CRC what they left. The caller
-        rolls the claim back if this raises."""
+        """Encode into a buffer, let the hooks stamp it, CRC what they left, then write it to the
+        file (`MmapFile.write`). The caller rolls the claim back if this raises."""
         size = entry.size
-        mm = mf.mm
-        HEADER.pack_into(mm, off, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
+        buf = bytearray(size)
+        HEADER.pack_into(buf, 0, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
                          entry.chain_crc, 0, size - BODY_OFFSET)
-        mm[off + BODY_OFFSET:off + size] = entry.body
-        view = mf.mv[off:off + size]
-        try:
-            for hook in self.append_hooks:
-                hook(entry, view, BODY_OFFSET)
-        finally:
-            view.release()
-        body = mm[off + BODY_OFFSET:off + size]  # the stamped body: CRC it and hand it back
-        crc = crc32(body)
+        buf[BODY_OFFSET:] = entry.body
+        view = memoryview(buf)
+        for hook in self.append_hooks:
+            hook(entry, view, BODY_OFFSET)
+        crc = crc32(view[BODY_OFFSET:])
         crc -= (crc & _CRC_FIX) << 1
         # Re-write the header whole: hooks own the body, never the header.
-        HEADER.pack_into(mm, off, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
+        HEADER.pack_into(buf, 0, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
                          entry.chain_crc, crc, size - BODY_OFFSET)
+        mf.write(off, buf)
         entry.body_crc = crc
-        entry.body = body
+        entry.body = bytes(view[BODY_OFFSET:])  # the stamped body, handed back
 
     def _append_index_records(self, records: bytes | bytearray, first_index: int, first_pos: int) -> None:
         ipos = first_index * INDEX_UNIT_SIZE
@@ -276,7 +272,6 @@ class DLedgerMmapFileStore(DLedgerStore):
         self._check_entry(entries[0], term)  # the term check; magics are checked in the loop below
         hooks = self.append_hooks
         dl = self.data_file_list
-        pack_header = HEADER.pack_into
         pack_index = INDEX_RECORD.pack_into
         records = bytearray(n * INDEX_UNIT_SIZE)
         first_index = index = self.ledger_end_index + 1
@@ -316,10 +311,8 @@ class DLedgerMmapFileStore(DLedgerStore):
                     crc = crc32(body)
                     crc -= (crc & _CRC_FIX) << 1
                     entry.body_crc = crc
-                    mm = mf.mm
-                    pack_header(mm, off, magic, size, index, term, pos, entry.channel, entry.chain_crc,
-                                crc, blen)
-                    mm[off + BODY_OFFSET:off + size] = body
+                    mf.write(off, HEADER.pack(magic, size, index, term, pos, entry.channel, entry.chain_crc,
+                                              crc, blen), body)
                 pack_index(records, roff, magic, pos, size, index, term)
                 roff += INDEX_UNIT_SIZE
                 index += 1
@@ -422,18 +415,19 @@ class DLedgerMmapFileStore(DLedgerStore):
         first_index = entries[0].index
         mf.wrote_pos = off + total
         try:
-            mm = mf.mm
             if raw is not None and len(raw) == total:
-                mm[off:off + total] = raw
+                mf.write(off, raw)
             else:
+                buf = bytearray(total)
                 pack_header = HEADER.pack_into
-                o = off
+                o = 0
                 for e in entries:
                     size = e.size
-                    pack_header(mm, o, e.magic, size, e.index, e.term, e.pos, e.channel, e.chain_crc,
+                    pack_header(buf, o, e.magic, size, e.index, e.term, e.pos, e.channel, e.chain_crc,
                                 e.body_crc, size - BODY_OFFSET)
-                    mm[o + BODY_OFFSET:o + size] = e.body
+                    buf[o + BODY_OFFSET:o + size] = e.body
                     o += size
+                mf.write(off, buf)
             self._append_index_records(records, first_index, first_pos)
         except BaseException:
             dl.truncate_offset(first_pos)
@@ -474,9 +468,8 @@ class DLedgerMmapFileStore(DLedgerStore):
         entry.size = size
         entry.body_crc = crc
         try:
-            HEADER.pack_into(mf.mm, off, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
-                             entry.chain_crc, crc, len(body))
-            mf.mm[off + BODY_OFFSET:off + size] = body
+            mf.write(off, HEADER.pack(entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
+                                      entry.chain_crc, crc, len(body)), body)
             self._append_index_records(INDEX_RECORD.pack(entry.magic, entry.pos, size, entry.index,
                                                          entry.term), entry.index, entry.pos)
         except BaseException:
