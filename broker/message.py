@@ -100,14 +100,15 @@ def unpack_host(ip: bytes, port: int) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _msg_id_prefix(store_host: str) -> str:
+def message_id_prefix(store_host: str) -> str:
+    """The first 16 hex digits of the offset message ids of `store_host` (IPv4 4 + port 4)."""
     ip, port = pack_host(store_host)
     return (ip + struct.pack(">I", port)).hex().upper()
 
 
 def create_message_id(store_host: str, phys_offset: int) -> str:
     """Offset message id: store host (IPv4 4 + port 4) + physical offset 8, upper-case hex."""
-    return f"{_msg_id_prefix(store_host)}{phys_offset & 0xFFFFFFFFFFFFFFFF:016X}"
+    return f"{message_id_prefix(store_host)}{phys_offset & 0xFFFFFFFFFFFFFFFF:016X}"
 
 
 def decode_message_id(msg_id: str) -> tuple[str, int]:
@@ -335,8 +336,10 @@ def encode_batch(msgs: list[Message], *, queue_id: int, store_host: str,
     pack_into = HEAD.pack_into
     body_at = BODY_LENGTH_POSITION + 4
     uniq_len = len(_UNIQ_ONLY_HEAD) + 32 + len(_UNIQ_ONLY_TAIL)
+    counter = _uniq_counter
     last_topic: str | None = None
-    topic_f = b""
+    tail = b""  # per topic: topic field, properties length, UNIQ_KEY up to its per-message counter
+    tail_len = fixed = 0
     last_born: str | None = None
     born_ip, born_port = b"\0\0\0\0", 0
     for msg in msgs:
@@ -346,6 +349,9 @@ def encode_batch(msgs: list[Message], *, queue_id: int, store_host: str,
             continue
         if msg.topic != last_topic:
             topic_f = _topic_field(msg.topic)
+            tail = topic_f + _SHORT.pack(uniq_len) + _UNIQ_PROPS_HEAD
+            tail_len = len(tail)
+            fixed = FIXED_OVERHEAD - 1 + len(topic_f) + uniq_len
             last_topic = msg.topic
         if msg.born_host != last_born:
             born_ip, born_port = pack_host(msg.born_host)
@@ -354,16 +360,14 @@ def encode_batch(msgs: list[Message], *, queue_id: int, store_host: str,
         nb = len(body)
         if nb > max_message_size:
             raise _too_large(nb, max_message_size)
-        total = FIXED_OVERHEAD - 1 + nb + len(topic_f) + uniq_len
+        total = fixed + nb
         buf = bytearray(total)
         pack_into(buf, 0, total, MESSAGE_MAGIC_CODE, crc32(body) & 0x7FFFFFFF, queue_id, msg.flag, 0, 0, 0,
                   msg.born_timestamp or now, born_ip, born_port, now, store_ip, store_port, 0, 0, nb)
         pos = body_at + nb
         buf[body_at:pos] = body
-        end = pos + len(topic_f)
-        buf[pos:end] = topic_f
-        _SHORT.pack_into(buf, end, uniq_len)
-        buf[end + 2:] = _uniq_only_properties()
+        buf[pos:pos + tail_len] = tail
+        buf[pos + tail_len:] = b"%016X\x02" % (next(counter) & 0xFFFFFFFFFFFFFFFF)
         out.append(buf)
     return out
 

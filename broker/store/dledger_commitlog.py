@@ -45,7 +45,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _INT = struct.Struct(">i")
-_SIZE_MAGIC = struct.Struct(">ii")
+# The fields the append hook reads: total size, magic, queue id, body length (offsets 0, 4, 12, 84
+# of broker.message.HEAD); and the two it writes, adjacent: QUEUEOFFSET (20), PHYSICALOFFSET (28).
+_HOOK_HEAD = struct.Struct(">ii4xi68xi")
+_STAMP = struct.Struct(">qq")
+assert PHY_POS_POSITION == QUEUE_OFFSET_POSITION + 8
 _LONG = struct.Struct(">q")
 _E = DLedgerResponseCode
 _PACK_BYTES = 256 * 1024
@@ -193,17 +197,16 @@ class DLedgerCommitLog:
         key: tuple[str, int] | None = None
         run_topic = b""
         run_qid = next_qoff = -1
+        unpack_head = _HOOK_HEAD.unpack_from
+        stamp = _STAMP.pack_into
         try:
             while end - off >= FIXED_OVERHEAD:
-                size, magic = _SIZE_MAGIC.unpack_from(view, off)
-                if magic != MESSAGE_MAGIC_CODE or size < FIXED_OVERHEAD or off + size > end:
-                    return  # not a message we encoded; the dispatcher reports it
-                body_len = _INT.unpack_from(view, off + BODY_LENGTH_POSITION)[0]
+                size, magic, queue_id, body_len = unpack_head(view, off)
                 topic_at = off + BODY_LENGTH_POSITION + 4 + body_len
-                if body_len < 0 or topic_at >= off + size:
-                    return
+                if magic != MESSAGE_MAGIC_CODE or size < FIXED_OVERHEAD or off + size > end \
+                        or body_len < 0 or topic_at >= off + size:
+                    return  # not a message we encoded; the dispatcher reports it
                 topic_end = topic_at + 1 + view[topic_at]
-                queue_id = _INT.unpack_from(view, off + QUEUE_ID_POSITION)[0]
                 if queue_id != run_qid or view[topic_at + 1:topic_end] != run_topic:
                     if key is not None:
                         table[key] = next_qoff
@@ -211,8 +214,7 @@ class DLedgerCommitLog:
                     run_topic, run_qid = bytes(view[topic_at + 1:topic_end]), queue_id
                     key = (self.store.topic_name(run_topic), queue_id)
                     next_qoff = table.get(key, 0)
-                _LONG.pack_into(view, off + QUEUE_OFFSET_POSITION, next_qoff)
-                _LONG.pack_into(view, off + PHY_POS_POSITION, base + off)
+                stamp(view, off + QUEUE_OFFSET_POSITION, next_qoff, base + off)
                 next_qoff += 1
                 off += size
         finally:

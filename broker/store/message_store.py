@@ -52,6 +52,7 @@ from broker.message import (
     decode_message,
     encode_batch,
     message_ext_from,
+    message_id_prefix,
     new_uniq_key,
     parse_message,
     plain_tail_signature,
@@ -382,8 +383,8 @@ class DefaultMessageStore:
             placed = self._put_local(bufs, topic, queue_id)
             if self.commit_log.sync_flush:
                 await self.commit_log.flush()
-        host = self.config.broker_addr
-        return [PutResult(create_message_id(host, phys), qid, qoff, phys, size)
+        prefix = message_id_prefix(self.config.broker_addr)
+        return [PutResult(f"{prefix}{phys:016X}", qid, qoff, phys, size)  # create_message_id, inlined
                 for (phys, size, qid, qoff) in placed]
 
     def _put_local(self, bufs: list[bytearray], topic: str, queue_id: int) -> list[tuple[int, int, int, int]]:
@@ -510,7 +511,7 @@ class DefaultMessageStore:
         off = 0
         unpack_head = _RUN_HEAD.unpack_from
         run_sig = b""  # plain_tail_signature of the current run's topic; b"": no run
-        run_tail = run_qid = first_qoff = -1
+        run_tail = run_qid = first_qoff = next_qoff = sig_len = -1
         run_cq: ConsumeQueue | None = None
         units: list[tuple[int, int]] = []
         while end - off >= FIXED_OVERHEAD:
@@ -527,14 +528,14 @@ class DefaultMessageStore:
                 off = msg_end  # already dispatched (replay after restart)
                 continue
             topic_at = off + BODY_LENGTH_POSITION + 4 + body_len
-            if run_sig and queue_id == run_qid and queue_offset == first_qoff + len(units) \
-                    and stored_phys == phys and body_len >= 0 and msg_end - topic_at == run_tail \
-                    and data[topic_at:topic_at + len(run_sig)] == run_sig:
+            if queue_offset == next_qoff and queue_id == run_qid and stored_phys == phys and body_len >= 0 \
+                    and msg_end - topic_at == run_tail and data[topic_at:topic_at + sig_len] == run_sig:
                 units.append((phys, total))
+                next_qoff += 1
                 off = msg_end
                 continue
             self._end_run(run_cq, first_qoff, units)
-            run_sig, run_cq, units = b"", None, []
+            run_sig, run_cq, units, next_qoff = b"", None, [], -1
             self.dispatch(data[off:msg_end], phys)
             if self.reput_offset == base + msg_end and body_len >= 0:  # dispatched, not skipped
                 raw = bytes(data[topic_at + 1:topic_at + 1 + data[topic_at]])
@@ -542,7 +543,9 @@ class DefaultMessageStore:
                 run_cq = self.consume_queues.get((topic, queue_id))
                 if run_cq is not None and topic not in self._system_handlers:
                     run_sig, run_tail = plain_tail_signature(raw)
-                    run_qid, first_qoff = queue_id, queue_offset + 1
+                    sig_len = len(run_sig)
+                    run_qid = queue_id
+                    first_qoff = next_qoff = queue_offset + 1
             off = msg_end
         self._end_run(run_cq, first_qoff, units)
         # Long polls: `dispatch` woke a run's waiters at its first message; they run after this
