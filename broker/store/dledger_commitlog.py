@@ -52,6 +52,8 @@ _STAMP = struct.Struct(">qq")
 assert PHY_POS_POSITION == QUEUE_OFFSET_POSITION + 8
 _LONG = struct.Struct(">q")
 _E = DLedgerResponseCode
+# Messages packed into one entry: up to 256 KiB, or an eighth of a data file when files are small
+# (an entry never spans files, and a file's unused tail is at most one entry).
 _PACK_BYTES = 256 * 1024
 
 # DLedger failure → broker error (RocketMQ maps these to SERVICE_NOT_AVAILABLE, IN_SYNC_REPLICAS_NOT_ENOUGH,
@@ -92,6 +94,7 @@ class DLedgerCommitLog:
         self.server = server
         self.dstore = server.store
         self.applied_index = -1
+        self.pack_bytes = max(1, min(_PACK_BYTES, config.mapped_file_size_commit_log // 8))
         self.state_machine = BrokerStateMachine(self)
         self.dstore.add_append_hook(self._append_hook)
         self._ctx = f"group={config.dleger_group or config.broker_name} selfId={config.dleger_self_id}"
@@ -227,9 +230,10 @@ class DLedgerCommitLog:
         """Append a batch through the DLedger server (leader only); returns after commit with
         (phys offset, size, queue id, queue offset) of each message."""
         groups: list[list[bytearray]] = []
-        size = _PACK_BYTES
+        limit = self.pack_bytes
+        size = limit
         for b in bufs:
-            if size + len(b) > _PACK_BYTES:
+            if size + len(b) > limit:
                 groups.append([])
                 size = 0
             groups[-1].append(b)

@@ -98,7 +98,7 @@ async def test_hook_stamps_physical_offset_on_all_members_across_roll_over(group
                 stamped[phys] = decode_message(body[off:off + size], phys)
                 off += size
             packed = max(packed, len([p for p in stamped if pos + 48 <= p < pos + 48 + len(body)]))
-        assert packed == 4, "a batch of 4 is one entry"
+        assert packed >= 2, "a batch is packed into entries of up to an eighth of a data file"
         for r in acked:
             m = stamped[r.commit_log_offset]
             assert (m.queue_id, m.queue_offset) == (r.queue_id, r.queue_offset)
