@@ -36,7 +36,7 @@ from dledger.entry import (
 from dledger.store.base import DLedgerStore
 from dledger.store.checkpoint import CATCHUP_FILE, CHECKPOINT_FILE, write_catchup_watermark
 from dledger.store.clean_space import CleanSpaceService
-from dledger.store.file_list import MmapFileList
+from dledger.store.file_list import WRITE_THROUGH_FD, MmapFile, MmapFileList
 from dledger.store.flush_service import FlushDataService
 
 log = logging.getLogger(__name__)
@@ -211,8 +211,7 @@ class DLedgerMmapFileStore(DLedgerStore):
                 crc = crc32(body)
                 crc -= (crc & _CRC_FIX) << 1
                 entry.body_crc = crc
-                mf.write(off, HEADER.pack(entry.magic, size, index, term, pos, entry.channel,
-                                          entry.chain_crc, crc, blen), body)
+                self._write_entry(mf, off, entry, crc)
             self._append_index_records(INDEX_RECORD.pack(entry.magic, pos, size, index, term), index, pos)
         except BaseException:
             self.data_file_list.truncate_offset(pos)  # a claimed but unwritten gap would end recovery
@@ -224,25 +223,50 @@ class DLedgerMmapFileStore(DLedgerStore):
             self._data_begin_pos = pos
         return entry
 
-    def _write_with_hooks(self, mf, off: int, entry: DLedgerEntry) -> None:
-        """Encode into a buffer, let the hooks stamp it, CRC what they left, then write it to the
-        file (`MmapFile.write`). The caller rolls the claim back if this raises."""
+    @staticmethod
+    def _write_entry(mf: MmapFile, off: int, entry: DLedgerEntry, crc: int) -> None:
+        """Header and body at `off`: a small entry straight into the map (cheaper than a syscall),
+        a large one with `MmapFile.write` (pwrite, no page-fault zero-fill)."""
         size = entry.size
-        buf = bytearray(size)
-        HEADER.pack_into(buf, 0, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
+        if size < WRITE_THROUGH_FD:
+            mm = mf.mm
+            HEADER.pack_into(mm, off, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
+                             entry.chain_crc, crc, size - BODY_OFFSET)
+            mm[off + BODY_OFFSET:off + size] = entry.body
+        else:
+            mf.write(off, HEADER.pack(entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
+                                      entry.chain_crc, crc, size - BODY_OFFSET), entry.body)
+
+    def _write_with_hooks(self, mf, off: int, entry: DLedgerEntry) -> None:
+        """Encode (into the map for a small entry, into a buffer for a large one: see
+        `_write_entry`), let the hooks stamp it, CRC what they left, then write the header (and
+        the buffer). The caller rolls the claim back if this raises."""
+        size = entry.size
+        small = size < WRITE_THROUGH_FD
+        if small:
+            buf, at = mf.mm, off
+            view = mf.mv[off:off + size]
+        else:
+            buf, at = bytearray(size), 0
+            view = memoryview(buf)
+        HEADER.pack_into(buf, at, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
                          entry.chain_crc, 0, size - BODY_OFFSET)
-        buf[BODY_OFFSET:] = entry.body
-        view = memoryview(buf)
-        for hook in self.append_hooks:
-            hook(entry, view, BODY_OFFSET)
-        crc = crc32(view[BODY_OFFSET:])
+        buf[at + BODY_OFFSET:at + size] = entry.body
+        try:
+            for hook in self.append_hooks:
+                hook(entry, view, BODY_OFFSET)
+            body = bytes(view[BODY_OFFSET:])  # the stamped body: CRC it and hand it back
+        finally:
+            view.release()  # the store unmaps files only without views
+        crc = crc32(body)
         crc -= (crc & _CRC_FIX) << 1
         # Re-write the header whole: hooks own the body, never the header.
-        HEADER.pack_into(buf, 0, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
+        HEADER.pack_into(buf, at, entry.magic, size, entry.index, entry.term, entry.pos, entry.channel,
                          entry.chain_crc, crc, size - BODY_OFFSET)
-        mf.write(off, buf)
+        if not small:
+            mf.write(off, buf)
         entry.body_crc = crc
-        entry.body = bytes(view[BODY_OFFSET:])  # the stamped body, handed back
+        entry.body = body
 
     def _append_index_records(self, records: bytes | bytearray, first_index: int, first_pos: int) -> None:
         ipos = first_index * INDEX_UNIT_SIZE
@@ -272,6 +296,7 @@ class DLedgerMmapFileStore(DLedgerStore):
         self._check_entry(entries[0], term)  # the term check; magics are checked in the loop below
         hooks = self.append_hooks
         dl = self.data_file_list
+        pack_header = HEADER.pack_into
         pack_index = INDEX_RECORD.pack_into
         records = bytearray(n * INDEX_UNIT_SIZE)
         first_index = index = self.ledger_end_index + 1
@@ -311,8 +336,13 @@ class DLedgerMmapFileStore(DLedgerStore):
                     crc = crc32(body)
                     crc -= (crc & _CRC_FIX) << 1
                     entry.body_crc = crc
-                    mf.write(off, HEADER.pack(magic, size, index, term, pos, entry.channel, entry.chain_crc,
-                                              crc, blen), body)
+                    if size < WRITE_THROUGH_FD:  # _write_entry's small case, inlined for small batches
+                        mm = mf.mm
+                        pack_header(mm, off, magic, size, index, term, pos, entry.channel, entry.chain_crc,
+                                    crc, blen)
+                        mm[off + BODY_OFFSET:off + size] = body
+                    else:
+                        self._write_entry(mf, off, entry, crc)
                 pack_index(records, roff, magic, pos, size, index, term)
                 roff += INDEX_UNIT_SIZE
                 index += 1
