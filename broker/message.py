@@ -138,7 +138,7 @@ def new_uniq_key() -> str:
 def _uniq_only_properties() -> bytes:
     """The stored properties of a message with nothing but a new UNIQ_KEY (bytes formatting,
     the cheapest way: this runs once per produced message)."""
-    return _UNIQ_PROPS_HEAD + b"%016X\x02" % (next(_uniq_counter) & 0xFFFFFFFFFFFFFFFF)
+    return _UNIQ_PROPS_HEAD + _UNIQ_SUFFIX % (next(_uniq_counter) & 0xFFFFFFFFFFFFFFFF)
 
 
 def properties_to_bytes(props: dict[str, str]) -> bytes:
@@ -256,6 +256,8 @@ _SHORT = struct.Struct(">h")
 _UNIQ_ONLY_HEAD = f"{PROPERTY_UNIQ_KEY}{NAME_VALUE_SEPARATOR}".encode()
 _UNIQ_ONLY_TAIL = PROPERTY_SEPARATOR.encode()
 _UNIQ_PROPS_HEAD = _UNIQ_ONLY_HEAD + _UNIQ_PREFIX.encode()
+_UNIQ_SUFFIX = b"%016X" + _UNIQ_ONLY_TAIL  # the per-message counter half of a UNIQ_KEY, then \x02
+_UNIQ_ONLY_LEN = len(_UNIQ_ONLY_HEAD) + 32 + len(_UNIQ_ONLY_TAIL)  # properties of a plain message
 
 
 def plain_tail_signature(topic_raw: bytes) -> tuple[bytes, int]:
@@ -263,9 +265,8 @@ def plain_tail_signature(topic_raw: bytes) -> tuple[bytes, int]:
     UNIQ_KEY (no tags, keys or idempotency key: the bulk of produced batches): the bytes from the
     topic length up to the UNIQ_KEY value, and the length of the whole tail. The dispatcher tells
     such messages by one comparison."""
-    props_len = len(_UNIQ_ONLY_HEAD) + 32 + len(_UNIQ_ONLY_TAIL)
-    sig = bytes([len(topic_raw)]) + topic_raw + _SHORT.pack(props_len) + _UNIQ_ONLY_HEAD
-    return sig, 1 + len(topic_raw) + 2 + props_len
+    sig = bytes([len(topic_raw)]) + topic_raw + _SHORT.pack(_UNIQ_ONLY_LEN) + _UNIQ_ONLY_HEAD
+    return sig, 1 + len(topic_raw) + 2 + _UNIQ_ONLY_LEN
 
 
 @functools.lru_cache(maxsize=4096)
@@ -335,7 +336,7 @@ def encode_batch(msgs: list[Message], *, queue_id: int, store_host: str,
     now = int(time.time() * 1000)
     pack_into = HEAD.pack_into
     body_at = BODY_LENGTH_POSITION + 4
-    uniq_len = len(_UNIQ_ONLY_HEAD) + 32 + len(_UNIQ_ONLY_TAIL)
+    uniq_len = _UNIQ_ONLY_LEN
     counter = _uniq_counter
     last_topic: str | None = None
     tail = b""  # per topic: topic field, properties length, UNIQ_KEY up to its per-message counter
@@ -367,7 +368,7 @@ def encode_batch(msgs: list[Message], *, queue_id: int, store_host: str,
         pos = body_at + nb
         buf[body_at:pos] = body
         buf[pos:pos + tail_len] = tail
-        buf[pos + tail_len:] = b"%016X\x02" % (next(counter) & 0xFFFFFFFFFFFFFFFF)
+        buf[pos + tail_len:] = _UNIQ_SUFFIX % (next(counter) & 0xFFFFFFFFFFFFFFFF)  # _uniq_only_properties
         out.append(buf)
     return out
 
