@@ -22,7 +22,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,25 +34,12 @@ import httpx
 from tests.fault import diskfaults
 from tests.fault.checkers import MemberLog
 from tests.fault.history import History
+from tests.ports import free_ports
 
 log = logging.getLogger("fault.cluster")
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
 PY = sys.executable
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def read_properties(path: Path) -> list[tuple[str, str]]:

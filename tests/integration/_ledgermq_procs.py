@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +15,11 @@ from pathlib import Path
 
 import httpx
 
+from tests.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
 PY = sys.executable
-
-
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_conf(path: Path) -> list[tuple[str, str]]:

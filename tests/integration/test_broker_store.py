@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,15 +17,10 @@ from broker.config import BrokerConfig
 from broker.errors import BrokerCode, BrokerError
 from broker.message import Message, decode_message_id
 from broker.store.message_store import DefaultMessageStore
+from tests.ports import free_port
 
 MODES = ["local", "dledger"]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_config(mode: str, root: str, port: int | None = None) -> BrokerConfig:

@@ -20,45 +20,47 @@ from tests.integration._ledgermq_procs import (
 @pytest.fixture
 def container(tmp_path):
     group = ProcessGroup(tmp_path)
-    ns = start_namesrv(group, tmp_path)
-    ports = {}
-    paths = []
-    for name in ("broker-c1", "broker-c2"):
-        ports[name] = free_port()
+    try:
+        ns = start_namesrv(group, tmp_path)
+        ports = {}
+        paths = []
+        for name in ("broker-c1", "broker-c2"):
+            ports[name] = free_port()
+            paths.append(
+                write_conf(
+                    CONF / "container" / f"{name}.conf",
+                    tmp_path / f"{name}.conf",
+                    {"listenPort": str(ports[name]), "storePathRootDir": str(tmp_path / f"store-{name}")},
+                )
+            )
+        # A third broker whose port is the container's own: it must fail alone.
+        cport = free_port()
         paths.append(
             write_conf(
-                CONF / "container" / f"{name}.conf",
-                tmp_path / f"{name}.conf",
-                {"listenPort": str(ports[name]), "storePathRootDir": str(tmp_path / f"store-{name}")},
+                CONF / "container" / "broker-c1.conf",
+                tmp_path / "broker-bad.conf",
+                {
+                    "brokerName": "broker-bad",
+                    "listenPort": str(cport),
+                    "storePathRootDir": str(tmp_path / "store-bad"),
+                },
             )
         )
-    # A third broker whose port is the container's own: it must fail alone.
-    cport = free_port()
-    paths.append(
-        write_conf(
-            CONF / "container" / "broker-c1.conf",
-            tmp_path / "broker-bad.conf",
+        conf = write_conf(
+            CONF / "container" / "broker-container.conf",
+            tmp_path / "container.conf",
             {
-                "brokerName": "broker-bad",
+                "listenHost": "127.0.0.1",
                 "listenPort": str(cport),
-                "storePathRootDir": str(tmp_path / "store-bad"),
+                "namesrvAddr": ns,
+                "brokerConfigPaths": ":".join(p.name for p in paths),
             },
         )
-    )
-    conf = write_conf(
-        CONF / "container" / "broker-container.conf",
-        tmp_path / "container.conf",
-        {
-            "listenHost": "127.0.0.1",
-            "listenPort": str(cport),
-            "namesrvAddr": ns,
-            "brokerConfigPaths": ":".join(p.name for p in paths),
-        },
-    )
-    proc = group.start("container", "broker.container", "-c", str(conf))
-    wait_http(f"http://127.0.0.1:{cport}/health", proc=proc, timeout_s=20)
-    yield {"group": group, "proc": proc, "ns": f"http://{ns}", "cport": cport, "ports": ports}
-    group.stop_all()
+        proc = group.start("container", "broker.container", "-c", str(conf))
+        wait_http(f"http://127.0.0.1:{cport}/health", proc=proc, timeout_s=20)
+        yield {"group": group, "proc": proc, "ns": f"http://{ns}", "cport": cport, "ports": ports}
+    finally:
+        group.stop_all()
 
 
 def test_container_hosts_two_brokers_and_isolates_a_failing_one(container):

@@ -9,6 +9,7 @@ import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration._ledgermq_procs import CONF, ProcessGroup, start_broker, start_namesrv, wait_http
 
@@ -296,21 +297,50 @@ def test_registration_routes_and_sdk(cluster):
         assert rows[0]["role"] == "MASTER" and rows[0]["addr"] == addr
 
 
+def scrape(url: str) -> dict[tuple[str, frozenset], float]:
+    """The broker's /metrics as {(sample name, labels): value}, parsed by prometheus_client."""
+    text = httpx.get(f"{url}/metrics").text
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
 def test_metrics_and_openapi(cluster):
     url = cluster["broker"]
-    produce(url, "met", "a")
-    httpx.get(f"{url}/topics/met/queues/0/messages")
-    text = httpx.get(f"{url}/metrics").text
-    for name in (
-        'ledgermq_put_messages_total{topic="met"}',
-        "ledgermq_put_latency_seconds_bucket",
-        "ledgermq_get_latency_seconds_bucket",
-        "ledgermq_long_poll_waiters",
-        "ledgermq_consumer_lag",
-        "ledgermq_disk_used_ratio",
-        "ledgermq_broker_is_master",
-    ):
-        assert name in text, name
+    produce(url, "met", "a", "b", "c", queueId=0)
+    assert len(httpx.get(f"{url}/topics/met/queues/0/messages").json()["messages"]) == 3
+    r = httpx.put(f"{url}/consumers/gmet/offsets", json={"topic": "met", "offsets": {"0": 1}})
+    assert r.status_code == 200, r.text
+    m = scrape(url)
+    topic = frozenset({("topic", "met")})
+    assert m[("ledgermq_put_messages_total", topic)] == 3
+    assert m[("ledgermq_get_messages_total", topic)] == 3
+    assert m[("ledgermq_put_latency_seconds_count", topic)] == 1
+    assert m[("ledgermq_put_latency_seconds_bucket", topic | {("le", "+Inf")})] == 1
+    assert m[("ledgermq_get_latency_seconds_count", topic)] == 1
+    lag = frozenset({("group", "gmet"), ("topic", "met"), ("queueid", "0")})
+    assert m[("ledgermq_consumer_lag", lag)] == 2  # max offset 3, committed 1
+    assert m[("ledgermq_queue_max_offset", frozenset({("topic", "met"), ("queueid", "0")}))] == 3
+    assert 0 < m[("ledgermq_disk_used_ratio", frozenset({("broker", "broker-s")}))] < 1
+    assert m[("ledgermq_broker_is_master", frozenset({("broker", "broker-s")}))] == 1
+    assert m[("ledgermq_long_poll_waiters", frozenset())] == 0
+    # A held pull is counted while it waits, and no longer once it has answered.
+    answers: list[httpx.Response] = []
+    pull = f"{url}/topics/met/queues/0/messages"
+    held = threading.Thread(
+        target=lambda: answers.append(httpx.get(pull, params={"offset": 3, "waitMs": 3000}, timeout=10))
+    )
+    held.start()
+    deadline = time.monotonic() + 2.5
+    while scrape(url)[("ledgermq_long_poll_waiters", frozenset())] != 1:
+        assert time.monotonic() < deadline, "the held pull was never counted"
+        time.sleep(0.02)
+    produce(url, "met", "wake", queueId=0)
+    held.join()
+    assert [x["body"] for x in answers[0].json()["messages"]] == ["wake"]
+    assert scrape(url)[("ledgermq_long_poll_waiters", frozenset())] == 0
     spec = httpx.get(f"{url}/openapi.json").json()
     assert "/topics/{topic}/messages" in spec["paths"] and "ProduceRequest" in spec["components"]["schemas"]
     assert "/consumers/{group}/receive" in spec["paths"]

@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from client import Producer
 from client.errors import LedgerMQError
@@ -83,9 +84,23 @@ def test_slaves_redirect_and_serve_committed_reads(dset):
         assert st["role"] == "SLAVE" and st["dledger"]["leaderId"] == master and st["brokerId"] != 0
     st = httpx.get(f"{murl}/status").json()
     assert st["brokerId"] == 0 and set(st["dledger"]["peerWaterMarks"]) == {"n0", "n1", "n2"}
-    metrics = httpx.get(f"{murl}/metrics").text
-    assert f'dledger_role{{group="broker-a",role="LEADER",self_id="{master}"}} 1.0' in metrics
-    assert "dledger_committed_index" in metrics and "dledger_peer_water_mark" in metrics
+    metrics = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for fam in text_string_to_metric_families(httpx.get(f"{murl}/metrics").text)
+        for s in fam.samples
+    }
+    member = {("group", "broker-a"), ("self_id", master)}
+    assert metrics[("dledger_role", frozenset(member | {("role", "LEADER")}))] == 1
+    assert metrics[("dledger_role", frozenset(member | {("role", "FOLLOWER")}))] == 0
+    assert metrics[("dledger_current_term", frozenset(member))] == st["dledger"]["term"] >= 1
+    committed = metrics[("dledger_committed_index", frozenset(member))]
+    assert committed >= 1  # at least the topic config and the message
+    # The leader's view of every member's watermark, itself included: a quorum holds the commit index.
+    marks = sorted(
+        (metrics[("dledger_peer_water_mark", frozenset(member | {("remote_id", sid)}))] for sid in addrs),
+        reverse=True,
+    )
+    assert marks[1] >= committed
     route = wait_http(f"http://{dset['ns']}/routes/orders").json()["brokers"][0]
     assert route["masterAddr"] == addrs[master] and set(route["addrs"].values()) == set(addrs.values())
     # mqadmin leadershipTransfer: the chosen member becomes master and the route follows.

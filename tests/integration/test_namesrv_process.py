@@ -14,19 +14,21 @@ from tests.integration._ledgermq_procs import CONF, ProcessGroup, free_port, wai
 def namesrvs(tmp_path):
     group = ProcessGroup(tmp_path)
     urls = []
-    for i in range(2):
-        port = free_port()
-        conf = write_conf(
-            CONF / "namesrv.conf",
-            tmp_path / f"namesrv{i}.conf",
-            {"listenPort": str(port), "brokerExpiredMs": "1500", "scanNotActiveBrokerInterval": "100"},
-        )
-        proc = group.start(f"namesrv{i}", "namesrv", "-c", str(conf))
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health", proc=proc)
-        urls.append(url)
-    yield urls
-    group.stop_all()
+    try:
+        for i in range(2):
+            port = free_port()
+            conf = write_conf(
+                CONF / "namesrv.conf",
+                tmp_path / f"namesrv{i}.conf",
+                {"listenPort": str(port), "brokerExpiredMs": "1500", "scanNotActiveBrokerInterval": "100"},
+            )
+            proc = group.start(f"namesrv{i}", "namesrv", "-c", str(conf))
+            url = f"http://127.0.0.1:{port}"
+            wait_http(url + "/health", proc=proc)
+            urls.append(url)
+        yield urls
+    finally:
+        group.stop_all()
 
 
 def register(url: str, addr: str, bid: int, term: int = 1) -> None:

@@ -39,9 +39,9 @@ def cluster(tmp_path):
         proc = procs.start(f"n{i}", "broker", "-c", str(confs[i]))
         wait_http(f"http://{addrs[i]}/health", timeout_s=30, proc=proc)
 
-    for i in range(3):
-        start(i)
     try:
+        for i in range(3):
+            start(i)
         yield procs, addrs, start
     finally:
         procs.stop_all()

@@ -85,7 +85,10 @@ def test_freeze_worker_heap_once_per_process(monkeypatch: pytest.MonkeyPatch) ->
         freeze_worker_heap()
         frozen = gc.get_freeze_count()
         assert frozen > 0
+        # A frozen object may still be freed by its refcount (the count can drop), so a second
+        # freeze is recognised by what it would add: these containers, created after the first.
+        fresh = [[] for _ in range(5000)]
         freeze_worker_heap()  # already done in this process: no second collect/freeze
-        assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() < frozen + len(fresh)
     finally:
         gc.unfreeze()

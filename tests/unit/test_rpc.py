@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import struct
 
 import pytest
@@ -31,6 +30,7 @@ from dledger.rpc.protocol import (
     roundtrip,
 )
 from dledger.rpc.tcp import TcpRpcService
+from tests.ports import free_port
 
 
 def entry(i: int, body: bytes) -> DLedgerEntry:
@@ -103,14 +103,6 @@ class Echo:
             begin_index=len(req.entries),
             end_index=total,
         )
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 async def test_tcp_pipelines_many_requests_on_one_connection_and_matches_answers() -> None:
