@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -19,6 +20,9 @@ from typing import Any
 from dledger.config import DLedgerConfig, parse_peers
 
 log = logging.getLogger(__name__)
+
+# What a name server accepts as a brokerName (namesrv/app.py uses the same pattern).
+BROKER_NAME_PATTERN = r"[%A-Za-z0-9_\-|]{1,127}"
 
 
 class ConfigError(ValueError):
@@ -78,6 +82,15 @@ def _str(v: str) -> str:
     return v.strip()
 
 
+def _broker_name(v: str) -> str:
+    # The name servers refuse a registration whose brokerName breaks this pattern, which would
+    # leave the broker running but out of every route: refuse it here, at start.
+    s = v.strip()
+    if not re.fullmatch(BROKER_NAME_PATTERN, s):
+        raise ValueError(f"expected 1-127 of letters, digits, '%', '_', '-', '|', got {v!r}")
+    return s
+
+
 def _flush_type(v: str) -> str:
     s = v.strip().upper()
     if s not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
@@ -111,7 +124,7 @@ def _path(v: str) -> str:
 # RocketMQ key -> (attribute, parser). The one table; BrokerConfig below holds the defaults.
 KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "brokerClusterName": ("broker_cluster_name", _str),
-    "brokerName": ("broker_name", _str),
+    "brokerName": ("broker_name", _broker_name),
     "brokerId": ("broker_id", _nonneg_int),
     "brokerIP1": ("broker_ip1", _str),
     "listenPort": ("listen_port", _port),
@@ -135,9 +148,9 @@ KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "diskMaxUsedSpaceRatio": ("disk_max_used_space_ratio", _ratio_percent),
     "longPollingEnable": ("long_polling_enable", _bool),
     "brokerSuspendMaxTimeMillis": ("broker_suspend_max_time_millis", _pos_int),
-    "slaveReadEnable": ("slave_read_enable", _bool),
     "maxReconsumeTimes": ("max_reconsume_times", _nonneg_int),
     "idempotencyWindowMs": ("idempotency_window_ms", _nonneg_int),
+    "idempotencyMaxKeys": ("idempotency_max_keys", _pos_int),
     "aclEnable": ("acl_enable", _bool),
     "aclConfigFile": ("acl_config_file", _path),
     "registerNameServerPeriod": ("register_name_server_period", _register_period),
@@ -174,7 +187,7 @@ transactionTimeOut transactionCheckMax transactionCheckInterval readUnCommitted 
 syncFlushTimeout putMsgIndexHightWater flushLeastPagesWhenWarmMapedFile enableScheduleMessageStats
 autoCreateSubscriptionGroup traceOn enableControllerMode controllerAddr enableSlaveActingMaster
 timerWheelEnable enablePopLog enableCalcFilterBitMap storeReplyMessageEnable mappedFileSizeTimerLog
-timerPrecisionMs deleteFileBatchMax isEnableBatchPush enableDLegerCommitLogReadonly
+timerPrecisionMs deleteFileBatchMax isEnableBatchPush enableDLegerCommitLogReadonly slaveReadEnable
 """.split())
 
 
@@ -206,9 +219,10 @@ class BrokerConfig:
     disk_max_used_space_ratio: int = 75  # percent
     long_polling_enable: bool = True
     broker_suspend_max_time_millis: int = 15_000
-    slave_read_enable: bool = False
     max_reconsume_times: int = 16
     idempotency_window_ms: int = 5 * 60 * 1000
+    # ~150 bytes a key on every member: 1M keys bound the table near 150 MB whatever the rate.
+    idempotency_max_keys: int = 1_000_000
     acl_enable: bool = False
     acl_config_file: str = ""
     register_name_server_period: int = 30_000  # ms between heartbeats to every name server

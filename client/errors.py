@@ -26,6 +26,7 @@ PROBLEM_CODES: dict[str, tuple[int, str]] = {
     "INVALID_RECEIPT_HANDLE": (400, "Invalid receipt handle"),
     "OFFSET_OUT_OF_RANGE": (400, "Offset out of range"),
     "MESSAGE_TOO_LARGE": (413, "Message too large"),
+    "REQUEST_TOO_LARGE": (413, "Request body too large"),
     "UNSUPPORTED_MEDIA_TYPE": (415, "Unsupported media type"),
     "METHOD_NOT_ALLOWED": (405, "Method not allowed"),
     "NO_PERMISSION": (403, "Topic permission forbids this operation"),

@@ -17,13 +17,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from broker.config import BROKER_NAME_PATTERN
+from broker.http.limits import BodyLimitMiddleware
 from client.errors import PROBLEM_CONTENT_TYPE, problem_body
 from namesrv.config import NamesrvConfig
 from namesrv.registry import RouteInfoManager, TopicRouteConfig
 
 log = logging.getLogger(__name__)
 
-_NAME_PATTERN = r"^[%A-Za-z0-9_\-|]{1,127}$"
+_NAME_PATTERN = f"^{BROKER_NAME_PATTERN}$"
+# A registration lists every topic of a broker (~60 bytes each): room for ~500,000 topics.
+REQUEST_LIMIT_BYTES = 32 * 1024 * 1024
 
 
 class TopicRouteIn(BaseModel):
@@ -32,7 +36,7 @@ class TopicRouteIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     readQueueNums: int = Field(ge=0, le=65535)
     writeQueueNums: int = Field(ge=0, le=65535)
-    perm: int = Field(default=6, ge=0, le=7)
+    perm: int = Field(default=6, ge=0, le=15)  # PermName: PRIORITY 8, READ 4, WRITE 2, INHERIT 1
 
 
 class RegisterBrokerIn(BaseModel):
@@ -79,6 +83,12 @@ def install_problem_handlers(app: FastAPI) -> None:
         )
         return problem_response(code, str(exc.detail), status=exc.status_code)
 
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("event=http_unhandled method=%s path=%s", request.method, request.url.path)
+        detail = f"internal error ({type(exc).__name__}); see the name server log"
+        return problem_response("INTERNAL_ERROR", detail)
+
 
 def create_app(
     config: NamesrvConfig, registry: RouteInfoManager | None = None, clock_ms: Callable[[], int] | None = None
@@ -119,6 +129,7 @@ def create_app(
     app = FastAPI(title="LedgerMQ name server", version="0.1.0", lifespan=lifespan)
     app.state.registry = registry
     install_problem_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, limit=REQUEST_LIMIT_BYTES)
 
     @app.post("/brokers/register", summary="Register a broker or refresh its heartbeat")
     async def register(body: RegisterBrokerIn) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from broker.http import admin, messages, simple_consumer
 from broker.http.acl import AclAuthMiddleware
 from broker.http.context import HttpContext
 from broker.http.hot import HotHandlers, HotPath
+from broker.http.limits import BodyLimitMiddleware
 from broker.http.metrics import BrokerStateCollector
 from broker.http.problems import install_problem_handlers
 from broker.http.schemas import ProduceRequest
@@ -39,6 +40,7 @@ def _state_for_metrics(ctx: HttpContext) -> dict[str, Any]:
         "lag": lag,
         "queues": queues,
         "store_path": ctx.config.store_path_root_dir,
+        "idempotency": (len(store.idempotency), store.idempotency.evicted),
     }
 
 
@@ -69,6 +71,9 @@ def create_app(controller: Any) -> FastAPI:
     )
     app.state.ctx = ctx
     install_problem_handlers(app)
+    # Added before the ACL middleware, so it runs after it: a request without rights is refused
+    # before its body is read.
+    app.add_middleware(BodyLimitMiddleware, limit=ctx.request_limit_bytes)
     if ctx.acl is not None:
         app.add_middleware(AclAuthMiddleware, acl=ctx.acl)
     handlers = HotHandlers(ctx)

@@ -234,8 +234,8 @@ def parse_produce_raw(
     qid_raw = q.get("queueId")
     queue_id = None
     if qid_raw not in (None, ""):
-        if not (qid_raw.isascii() and qid_raw.isdigit()):
-            raise invalid("queueId", f"expected an integer, got {qid_raw!r}")
+        if not (qid_raw.isascii() and qid_raw.isdigit()) or len(qid_raw) > 5:
+            raise invalid("queueId", f"expected an integer in 0..65535, got {qid_raw[:40]!r}")
         queue_id = _queue_id(int(qid_raw), "queueId")
     msg = Message(
         topic=topic,

@@ -98,6 +98,13 @@ class HttpContext:
             meta = dict(server.metadata())
             if "role" in meta:
                 meta["role"] = str(getattr(meta["role"], "name", meta["role"]))
+            # Entries each follower is behind the leader's log end (leader only; {} elsewhere).
+            end = meta.get("ledgerEndIndex", -1)
+            meta["followerLag"] = {
+                peer: max(0, end - mark)
+                for peer, mark in (meta.get("peerWaterMarks") or {}).items()
+                if peer != meta.get("selfId")
+            }
         return {
             "clusterName": self.config.broker_cluster_name,
             "brokerName": self.config.broker_name,

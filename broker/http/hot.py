@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import parse_qsl
 
 import orjson
 
@@ -283,16 +283,20 @@ class HotPath:
             name = _HOT_HEADERS.get(k) or _HOT_HEADERS.get(k.lower())
             if name is not None:
                 headers[name] = v.decode("latin-1")
-        topic = unquote(parts[0])
+        # The server has percent-decoded `path` once already: decoding again would turn the
+        # '%DL' of '%DLQ%default' into a byte.
+        topic = parts[0]
         try:
             qs = scope.get("query_string") or b""
             query = dict(parse_qsl(qs.decode("latin-1"), keep_blank_values=True)) if qs else {}
             ctype = _JSON_CTYPE
             if kind == "produce":
+                # A request without the right is refused before its body is read.
+                self.ctx.authorize(headers, topic=topic, right=Right.PUB)
                 body = await self._read_body(headers, receive)
                 out = await self.h.produce(topic, headers, query, body)
             else:
-                out, ct = await self.h.pull(topic, unquote(parts[2]), headers, query)
+                out, ct = await self.h.pull(topic, parts[2], headers, query)
                 if ct != JSON:
                     ctype = _BINARY_CTYPE
             await _send(send, 200, out, ctype)

@@ -169,7 +169,9 @@ def build_router(ctx: HttpContext, hot: HotHandlers) -> APIRouter:
             raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND, f"no message {msg_id} ({exc.detail})") from None
         except Exception as exc:  # a position that is not a message start must be a 404, not a 500
             raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND, f"no message {msg_id}: {exc}") from None
-        if msg is None or is_system_topic(msg.topic):
+        # The id names its store host too: a message of another broker that happens to start at
+        # the same offset here is not the one asked for.
+        if msg is None or is_system_topic(msg.topic) or msg.msg_id != msg_id.upper():
             raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND, f"no message {msg_id}")
         ctx.authorize(request.headers, topic=msg.topic, right=Right.SUB)
         return Response(orjson.dumps(message_json(msg)), media_type=JSON)

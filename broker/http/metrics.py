@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,22 @@ class BrokerStateCollector(Collector):
         for topic, qid, value in s.get("queues", ()):
             maxo.add_metric([topic, str(qid)], float(value))
         out.append(maxo)
+        idem = s.get("idempotency")
+        if idem:
+            keys = GaugeMetricFamily(
+                "ledgermq_idempotency_keys",
+                "Idempotency keys held (window and idempotencyMaxKeys)",
+                labels=["broker"],
+            )
+            keys.add_metric([b], float(idem[0]))
+            out.append(keys)
+            evicted = CounterMetricFamily(
+                "ledgermq_idempotency_evicted_keys",
+                "Keys dropped before their window ended because idempotencyMaxKeys was reached",
+                labels=["broker"],
+            )
+            evicted.add_metric([b], float(idem[1]))
+            out.append(evicted)
         path = s.get("store_path")
         if path:
             try:

@@ -90,7 +90,10 @@ def install_problem_handlers(app: FastAPI) -> None:
         first = errors[0] if errors else {}
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
         field = ".".join(loc) or "body"
-        return error_response(invalid(field, str(first.get("msg", "invalid"))))
+        msg = str(first.get("msg", "invalid"))
+        if field == "topic":  # a topic name anywhere (path, query, body) has its own stable code
+            return error_response(BrokerError(BrokerCode.INVALID_TOPIC, f"topic: {msg}", field=field))
+        return error_response(invalid(field, msg))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:

@@ -213,7 +213,10 @@ class StatusOut(BaseModel):
     brokerAddr: str
     role: Literal["MASTER", "SLAVE"]
     masterAddr: str | None
-    dledger: dict[str, Any] | None
+    dledger: dict[str, Any] | None = Field(
+        description="DLedger metadata in DLedger mode: role, term, leaderId, committedIndex, "
+        "peerWaterMarks and followerLag (entries each follower is behind, on the leader)"
+    )
 
 
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -123,7 +123,7 @@ class DefaultMessageStore:
         self.config = config
         self.topics = TopicConfigManager(config.default_topic_queue_nums, config.auto_create_topic_enable)
         self.offsets = ConsumerOffsetManager()
-        self.idempotency = IdempotencyTable(config.idempotency_window_ms)
+        self.idempotency = IdempotencyTable(config.idempotency_window_ms, config.idempotency_max_keys)
         self.member_addrs: dict[str, str] = {}  # DLedger selfId -> HTTP addr, from SYS_BROKER_MEMBERS
         self.cq_root = os.path.join(config.store_path_root_dir, "consumequeue")
         self.consume_queues: dict[tuple[str, int], ConsumeQueue] = {}

@@ -14,9 +14,9 @@ member and is rebuilt by replay, and a retry after a failover still finds the fi
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
@@ -137,38 +137,158 @@ class ConsumerOffsetManager:
             del self._table[key]
 
 
-class IdempotencyTable:
-    """(topic, idempotency key) → (PutResult, store timestamp ms), kept for `window_ms`."""
+_TS_BITS = 48  # store timestamps in ms: good until the year 10889
+_TS_MASK = (1 << _TS_BITS) - 1
+_U16 = 0xFFFF
+_U32 = 0xFFFFFFFF
+_U64 = (1 << 64) - 1
 
-    def __init__(self, window_ms: int) -> None:
+
+def _compact_key(key: str) -> str | int:
+    """A 32-digit lower-case hex key (the SDK's uuid4) as its 128-bit int (44 bytes instead of 81);
+    the round trip is checked, so two different strings never map to one int."""
+    if len(key) == 32:
+        try:
+            k = int(key, 16)
+        except ValueError:
+            return key
+        if f"{k:032x}" == key:
+            return k
+    return key
+
+
+class IdempotencyTable:
+    """(topic, idempotency key) → the first put's `PutResult`, kept for `window_ms` and for at most
+    `max_keys` keys (the oldest go first beyond that, counted in `evicted`).
+
+    Sized for the SDK, which puts a key on every message: at 5,000 msgs/s a 5-minute window is
+    1.5 million keys on every member. Keys live in time buckets of 1/8 of the window, nested by
+    topic (no tuple per key); a bucket is dropped whole once all its keys are older than the
+    window (no per-key expiry bookkeeping). A result is one packed int (the msgId's host prefix is
+    interned): ~150 bytes per key where a tuple of objects took ~570."""
+
+    BUCKETS_PER_WINDOW = 8
+
+    def __init__(self, window_ms: int, max_keys: int = 1_000_000) -> None:
         self.window_ms = window_ms
-        self._entries: OrderedDict[tuple[str, str], tuple[PutResult, int]] = OrderedDict()
+        self.max_keys = max_keys
+        self.evicted = 0
+        self._bucket_ms = max(1, window_ms // self.BUCKETS_PER_WINDOW)
+        self._buckets: dict[int, dict[str, dict[str | int, int]]] = {}
+        self._size = 0
+        self._newest_ms = 0
+        self._prefixes: list[str] = []
+        self._prefix_ids: dict[str, int] = {}
+        self._last_evict_log = 0.0
+
+    def _find(self, topic: str, key: str | int) -> int | None:
+        for bucket in self._buckets.values():
+            keys = bucket.get(topic)
+            if keys is not None:
+                packed = keys.get(key)
+                if packed is not None:
+                    return packed
+        return None
 
     def get(self, topic: str, key: str, now_ms: int | None = None) -> PutResult | None:
-        hit = self._entries.get((topic, key))
-        if hit is None:
+        packed = self._find(topic, _compact_key(key))
+        if packed is None:
             return None
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        if now_ms - hit[1] > self.window_ms:
+        if now_ms - (packed & _TS_MASK) > self.window_ms:
             return None
-        return hit[0]
+        return self._unpack(packed)
 
     def remember(self, topic: str, key: str, result: PutResult, store_ts_ms: int) -> None:
         """Record the first result of a key (a later duplicate in the log never overwrites it)."""
-        k = (topic, key)
-        if k in self._entries:
+        if self.window_ms <= 0:
             return
-        self._entries[k] = (result, store_ts_ms)
-        self._expire(store_ts_ms)
+        k = _compact_key(key)
+        if self._find(topic, k) is not None:
+            return
+        idx = store_ts_ms // self._bucket_ms
+        bucket = self._buckets.get(idx)
+        if bucket is None:
+            bucket = self._buckets[idx] = {}
+            self._newest_ms = max(self._newest_ms, store_ts_ms)
+            self._expire()
+        keys = bucket.get(topic)
+        if keys is None:
+            keys = bucket[topic] = {}
+        keys[k] = self._pack(result, store_ts_ms)
+        self._size += 1
+        if self._size > self.max_keys:
+            self._evict_oldest()
 
-    def _expire(self, now_ms: int) -> None:
-        limit = now_ms - self.window_ms
-        entries = self._entries
-        while entries:
-            k, (_, ts) = next(iter(entries.items()))
-            if ts >= limit:
-                break
-            del entries[k]
+    def _pack(self, r: PutResult, ts: int) -> int:
+        # msgId = store host (16 hex digits: few distinct values) + the commit-log offset, as
+        # `create_message_id` makes it, so the offset part is not stored twice.
+        prefix = r.msg_id[:16]
+        pid = self._prefix_ids.get(prefix)
+        if pid is None:
+            pid = self._prefix_ids[prefix] = len(self._prefixes)
+            self._prefixes.append(prefix)
+        return (
+            (ts & _TS_MASK)
+            | (r.queue_id & _U16) << 48
+            | (pid & _U16) << 64
+            | (r.store_size & _U32) << 80
+            | (r.queue_offset & _U64) << 112
+            | (r.commit_log_offset & _U64) << 176
+        )
+
+    def _unpack(self, v: int) -> PutResult:
+        phys = v >> 176
+        return PutResult(
+            f"{self._prefixes[(v >> 64) & _U16]}{phys:016X}",
+            (v >> 48) & _U16,
+            (v >> 112) & _U64,
+            phys,
+            (v >> 80) & _U32,
+        )
+
+    def _expire(self) -> None:
+        # A bucket's keys are all older than the window once its end is.
+        first_live = (self._newest_ms - self.window_ms) // self._bucket_ms
+        for idx in [i for i in self._buckets if i < first_live]:
+            self._size -= sum(map(len, self._buckets.pop(idx).values()))
+
+    def _evict_oldest(self) -> None:
+        # Over max_keys: drop a slice of the oldest bucket, in insertion order. A slice, not one
+        # key, so the deleted slots at the dict's front are skipped once per slice, not per key.
+        oldest_idx = min(self._buckets)
+        oldest = self._buckets[oldest_idx]
+        topic, keys = next(iter(oldest.items()))
+        victims = list(itertools.islice(keys, max(1, self.max_keys // 64)))
+        for k in victims:
+            del keys[k]
+        if not keys:
+            del oldest[topic]
+            if not oldest:
+                del self._buckets[oldest_idx]
+        self._size -= len(victims)
+        self.evicted += len(victims)
+        now = time.monotonic()
+        if now - self._last_evict_log > 60:
+            self._last_evict_log = now
+            log.warning(
+                "event=idempotency_keys_evicted evicted_total=%d maxKeys=%d windowMs=%d "
+                "hint=keys are held for less than the window: raise idempotencyMaxKeys or shorten "
+                "idempotencyWindowMs",
+                self.evicted,
+                self.max_keys,
+                self.window_ms,
+            )
+
+    def entries(self) -> list[tuple[str, str, PutResult, int]]:
+        """Every (topic, key, result, store timestamp) held, sorted (for tests and diagnostics)."""
+        out = []
+        for bucket in self._buckets.values():
+            for topic, keys in bucket.items():
+                for k, v in keys.items():
+                    key = f"{k:032x}" if isinstance(k, int) else k
+                    out.append((topic, key, self._unpack(v), v & _TS_MASK))
+        return sorted(out)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._size

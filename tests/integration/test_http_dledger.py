@@ -84,6 +84,8 @@ def test_slaves_redirect_and_serve_committed_reads(dset):
         assert st["role"] == "SLAVE" and st["dledger"]["leaderId"] == master and st["brokerId"] != 0
     st = httpx.get(f"{murl}/status").json()
     assert st["brokerId"] == 0 and set(st["dledger"]["peerWaterMarks"]) == {"n0", "n1", "n2"}
+    assert set(st["dledger"]["followerLag"]) == set(addrs) - {master}
+    assert all(lag >= 0 for lag in st["dledger"]["followerLag"].values())
     metrics = {
         (s.name, frozenset(s.labels.items())): s.value
         for fam in text_string_to_metric_families(httpx.get(f"{murl}/metrics").text)

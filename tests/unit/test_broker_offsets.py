@@ -6,19 +6,57 @@ from broker.errors import BrokerCode, BrokerError
 from broker.store.offsets import ConsumerOffsetManager, IdempotencyTable, PutResult
 
 
-def _res(n: int) -> PutResult:
-    return PutResult(f"ID{n}", 0, n, n * 100, 100)
+def _put(n: int, host: str = "0A000001") -> PutResult:
+    """A result as the store makes it: msgId = host prefix (16 hex) + commit-log offset."""
+    phys = 10**12 + n * 1_100
+    return PutResult(f"{host}00002AAF{phys:016X}", n % 8, 2**40 + n, phys, 1_100)
 
 
 def test_idempotency_window():
     t = IdempotencyTable(window_ms=1000)
-    t.remember("T", "k", _res(1), store_ts_ms=10_000)
-    t.remember("T", "k", _res(2), store_ts_ms=10_001)  # a later duplicate never replaces the first
-    assert t.get("T", "k", now_ms=10_500) == _res(1)
+    t.remember("T", "k", _put(1), store_ts_ms=10_000)
+    t.remember("T", "k", _put(2), store_ts_ms=10_001)  # a later duplicate never replaces the first
+    assert t.get("T", "k", now_ms=10_500) == _put(1)
     assert t.get("U", "k", now_ms=10_500) is None
     assert t.get("T", "k", now_ms=11_001) is None
-    t.remember("T", "k2", _res(3), store_ts_ms=20_000)  # expires older keys
+    t.remember("T", "k2", _put(3), store_ts_ms=20_000)  # expires older keys
     assert len(t) == 1
+
+
+def test_idempotency_results_and_keys_round_trip_exactly():
+    t = IdempotencyTable(window_ms=60_000)
+    hexkey = "0123456789abcdef0123456789abcdef"
+    # Keys an int conversion must not merge: upper case, a 0x prefix, underscores, other lengths.
+    keys = [hexkey, hexkey.upper(), "0x" + hexkey[2:], "0123_456789abcdef0123456789abcde", "k", "é" * 32]
+    for i, k in enumerate(keys):
+        t.remember("T", k, _put(i, host="0A00000" + str(i % 2)), store_ts_ms=1_000 + i)
+    for i, k in enumerate(keys):
+        assert t.get("T", k, now_ms=2_000) == _put(i, host="0A00000" + str(i % 2))
+        assert t.get("U", k, now_ms=2_000) is None
+    assert [e[1] for e in t.entries()] == sorted(keys) and len(t) == len(keys)
+
+
+def test_idempotency_buckets_expire_whole_and_replay_out_of_order():
+    t = IdempotencyTable(window_ms=8_000)  # buckets of 1 s
+    # Recovery replays queue by queue, so timestamps arrive out of order.
+    for ts in (5_500, 1_200, 3_100, 1_900):
+        t.remember("T", f"k{ts}", _put(ts), store_ts_ms=ts)
+    assert len(t) == 4 and t.get("T", "k1200", now_ms=9_000) == _put(1_200)
+    assert t.get("T", "k1200", now_ms=9_201) is None  # older than the window: never answered
+    t.remember("T", "late", _put(1), store_ts_ms=10_100)  # a new bucket drops those wholly past it
+    assert sorted(e[1] for e in t.entries()) == ["k3100", "k5500", "late"]
+    assert len(t) == 3
+
+
+def test_idempotency_max_keys_evicts_the_oldest_first():
+    t = IdempotencyTable(window_ms=600_000, max_keys=640)
+    for n in range(1_000):
+        t.remember("T", f"key-{n}", _put(n), store_ts_ms=1_000 + n * 10)
+    assert len(t) <= 640 and t.evicted == 1_000 - len(t)
+    held = {e[1] for e in t.entries()}
+    assert held == {f"key-{n}" for n in range(1_000 - len(t), 1_000)}  # the newest survive
+    assert t.get("T", "key-999", now_ms=20_000) == _put(999)
+    assert t.get("T", "key-0", now_ms=20_000) is None
 
 
 async def test_offset_records_applied_in_order():

@@ -62,6 +62,9 @@ def test_typo_refused_with_file_line_and_nearest_key(tmp_path):
     ("enableDLegerCommitLog=maybe", "enableDLegerCommitLog"), ("flushDiskType=SOMETIMES", "flushDiskType"),
     ("dLegerPeers=n0:1", "dLegerPeers"), ("deleteWhen=25", "deleteWhen"),
     ("diskMaxUsedSpaceRatio=99", "diskMaxUsedSpaceRatio"), ("maxMessageSize=-1", "maxMessageSize"),
+    # A name the name servers would refuse: the broker would run but never be routed to.
+    ("brokerName=broker a", "brokerName"), ("brokerName=" + "b" * 128, "brokerName"),
+    ("idempotencyMaxKeys=0", "idempotencyMaxKeys"),
 ])
 def test_bad_value_refused(tmp_path, line, key):
     p = tmp_path / "b.conf"

@@ -55,7 +55,7 @@ def state(store: DefaultMessageStore) -> dict:
         "units": {k: cq.get_units(0, 10_000) for k, cq in sorted(store.consume_queues.items())
                   if not k[0].startswith("RMQ_SYS")},
         "reput": store.reput_offset,
-        "idempotency": sorted(store.idempotency._entries.items()),
+        "idempotency": store.idempotency.entries(),
     }
 
 
