@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import os
 import socket
 import struct
@@ -39,6 +40,8 @@ from dataclasses import dataclass
 from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, SIMD: ~15x faster on 100 KB entries
 
 from broker.errors import BrokerCode, BrokerError
+
+log = logging.getLogger(__name__)
 
 MESSAGE_MAGIC_CODE = -626843481  # 0xDAA320A7 as a Java int (MessageVersion V1)
 BLANK_MAGIC_CODE = -875286124  # 0xCBD43194: end-of-file filler in a local commit log
@@ -84,12 +87,17 @@ def tags_hash_code(tags: str | None) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def pack_host(addr: str) -> tuple[bytes, int]:
-    """'a.b.c.d:port' -> (4 IPv4 bytes, port). Unresolvable host names pack as 0.0.0.0."""
+    """'host:port' -> (4 IPv4 bytes, port). A host name (brokerIP1=broker-n0 in docker-compose) is
+    resolved once (cached); one that does not resolve packs as 0.0.0.0, with a warning."""
     host, _, port = addr.rpartition(":")
     try:
         ip = socket.inet_aton(host or "0.0.0.0")
     except OSError:
-        ip = b"\0\0\0\0"
+        try:
+            ip = socket.inet_aton(socket.gethostbyname(host))
+        except OSError as exc:
+            log.warning("event=store_host_unresolved host=%r error=%s msgIds carry 0.0.0.0", host, exc)
+            ip = b"\0\0\0\0"
     return ip, int(port) if port.isdigit() else 0
 
 

@@ -19,6 +19,7 @@ from broker.message import (
     decode_message_id,
     encode_batch,
     encode_message,
+    pack_host,
     tags_hash_code,
 )
 
@@ -144,3 +145,11 @@ def test_encode_batch_writes_what_encode_message_writes():
                (b.topic, b.body, b.queue_id, b.born_host, b.store_host, b.flag, b.properties)
         assert a.born_timestamp == (msg.born_timestamp or a.store_timestamp)
     assert len(uniq) == len(msgs) and all(len(u) == 32 for u in uniq)
+
+
+def test_store_host_names_resolve_into_message_ids():
+    # docker-compose sets brokerIP1 to a service name; its msgIds must carry the resolved address.
+    assert pack_host("localhost:10911") == (bytes([127, 0, 0, 1]), 10911)
+    host, offset = decode_message_id(create_message_id("localhost:10911", 4242))
+    assert (host, offset) == ("127.0.0.1:10911", 4242)
+    assert pack_host("no-such-host.invalid:1") == (b"\0\0\0\0", 1)

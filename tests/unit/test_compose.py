@@ -1,0 +1,66 @@
+"""docker-compose.yml describes `make run`'s topology on separate hosts: a name server and the
+3-member set broker-a, one service per process, a volume per broker, and broker overrides that
+load (the same loader as `mqbroker -c ... -D ...`)."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from broker.config import load_broker_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def services() -> dict:
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())
+
+
+def broker_args(svc: dict) -> tuple[str, dict[str, str]]:
+    """(conf path, -D overrides) of the `exec mqbroker ...` in a service's shell command."""
+    cmd = svc["command"][-1] if isinstance(svc["command"], list) else svc["command"]
+    argv = shlex.split(cmd.split("exec ", 1)[1])
+    assert argv[0] == "mqbroker" and argv[1] == "-c"
+    overrides = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-D")
+    return argv[2], overrides
+
+
+def test_one_service_per_process_and_a_volume_per_broker():
+    doc = services()
+    names = set(doc["services"])
+    assert names == {"namesrv", "broker-n0", "broker-n1", "broker-n2"}
+    volumes = set()
+    for i in range(3):
+        svc = doc["services"][f"broker-n{i}"]
+        store = [v.split(":")[0] for v in svc["volumes"] if v.endswith(":/store")]
+        assert len(store) == 1 and store[0] in doc["volumes"]
+        volumes.add(store[0])
+    assert len(volumes) == 3  # no two brokers share a store
+
+
+def test_broker_overrides_load_and_agree_on_the_group(tmp_path):
+    doc = services()
+    peers = set()
+    for i in range(3):
+        conf, overrides = broker_args(doc["services"][f"broker-n{i}"])
+        cfg = load_broker_config(str(REPO / conf), overrides)  # a typo or bad value raises
+        assert cfg.dleger_self_id == f"n{i}" and cfg.enable_dleger_commit_log
+        assert cfg.broker_ip1 == f"broker-n{i}" and cfg.namesrv_addr == "namesrv:9876"
+        peers.add(cfg.dleger_peers)
+    assert len(peers) == 1
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose is not installed")
+def test_docker_compose_config_accepts_the_file():
+    out = subprocess.run(
+        ["docker-compose", "-f", str(REPO / "docker-compose.yml"), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
