@@ -4,11 +4,38 @@ leadership transfer), over the name servers' and brokers' HTTP APIs."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from client.errors import BrokerUnreachableError, LedgerMQError, MessageNotFoundError, NotFoundError
-from client.transport import AsyncTransport, base_url, split_addrs
+from client.errors import (
+    BadRequestError,
+    BrokerUnreachableError,
+    LedgerMQError,
+    MessageNotFoundError,
+    NotFoundError,
+    TopicNotExistError,
+)
+from client.transport import AsyncTransport, base_url, seg, split_addrs
+
+
+def decode_message_id(msg_id: str) -> tuple[str, int]:
+    """(store host `ip:port`, commit-log offset) of an offset message id: 32 hex digits, the
+    store host's IPv4 address (4 bytes) and port (4), then the offset (8), as broker/message.py's
+    `create_message_id` writes them. BadRequestError for anything else."""
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError:
+        raw = b""
+    if len(raw) != 16:
+        raise BadRequestError(f"bad msgId {msg_id[:80]!r}: expected 32 hex characters")
+    host = ".".join(str(b) for b in raw[:4])
+    return f"{host}:{int.from_bytes(raw[4:8], 'big')}", int.from_bytes(raw[8:], "big", signed=True)
+
+
+def _host_port(addr: str) -> str:
+    """`http://h:p/` or `h:p` → `h:p` (how brokers register and message ids name them)."""
+    return addr.split("://", 1)[-1].rstrip("/")
 
 
 @dataclass
@@ -51,7 +78,14 @@ class AsyncAdmin:
             raise LedgerMQError("give a name server address (-n) or a broker address (-b)")
 
     async def close(self) -> None:
+        """Close the HTTP connections."""
         await self.transport.aclose()
+
+    async def __aenter__(self) -> AsyncAdmin:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     async def _namesrv(self, path: str) -> Any:
         last: Exception | None = None
@@ -108,21 +142,24 @@ class AsyncAdmin:
         out = {}
         for s in await self.broker_sets(cluster, broker_name):
             out[s.broker_name] = await self.transport.request(
-                "PUT", f"{self._master(s)}/topics/{topic}", json=body
+                "PUT", f"{self._master(s)}/topics/{seg(topic)}", json=body
             )
         return out
 
     async def delete_topic(self, topic: str, cluster: str | None = None) -> list[str]:
+        """Delete `topic` from the master of every matching broker set; the names of the sets
+        that had it."""
         deleted = []
         for s in await self.broker_sets(cluster):
             try:
-                await self.transport.request("DELETE", f"{self._master(s)}/topics/{topic}")
+                await self.transport.request("DELETE", f"{self._master(s)}/topics/{seg(topic)}")
                 deleted.append(s.broker_name)
             except NotFoundError:
                 pass
         return deleted
 
     async def topic_list(self) -> list[str]:
+        """Topics of the name servers' live brokers (or of every `broker_addr`)."""
         if self.namesrv_urls:
             return (await self._namesrv("/topics"))["topics"]
         names: set[str] = set()
@@ -131,16 +168,17 @@ class AsyncAdmin:
         return sorted(names)
 
     async def topic_route(self, topic: str) -> dict[str, Any]:
+        """The name servers' route of `topic` (`GET /routes/{topic}`)."""
         if not self.namesrv_urls:
             raise LedgerMQError("topicRoute needs a name server (-n)")
-        return await self._namesrv(f"/routes/{topic}")
+        return await self._namesrv(f"/routes/{seg(topic)}")
 
     async def topic_status(self, topic: str) -> list[dict[str, Any]]:
         """Per broker set and queue: min and max offsets (from any member, master first)."""
         rows = []
         for s in await self.broker_sets():
             try:
-                doc = await self._first(s, "GET", f"/topics/{topic}")
+                doc = await self._first(s, "GET", f"/topics/{seg(topic)}")
             except NotFoundError:
                 continue
             for q in doc["queues"]:
@@ -197,10 +235,11 @@ class AsyncAdmin:
 
     # -- consumers -----------------------------------------------------------------------------
     async def consumer_progress(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
+        """Per broker set, topic and queue: the group's committed offset, max offset and lag."""
         rows = []
         params = {"topic": topic} if topic else None
         for s in await self.broker_sets():
-            doc = await self._first(s, "GET", f"/consumers/{group}/offsets", params=params)
+            doc = await self._first(s, "GET", f"/consumers/{seg(group)}/offsets", params=params)
             rows += [{"brokerName": s.broker_name, **o} for o in doc["offsets"]]
         return rows
 
@@ -208,37 +247,57 @@ class AsyncAdmin:
         """Move the group's committed offset of each queue to the first message stored at or after
         `timestamp_ms` (RocketMQ's resetOffsetByTime)."""
         rows = []
+        found = False
         for s in await self.broker_sets():
             try:
-                info = await self._first(s, "GET", f"/topics/{topic}")
+                info = await self._first(s, "GET", f"/topics/{seg(topic)}")
             except NotFoundError:
                 continue
+            found = True
             offsets = {}
             for q in info["queues"]:
                 doc = await self._first(
                     s,
                     "GET",
-                    f"/topics/{topic}/queues/{q['queueId']}/offset",
+                    f"/topics/{seg(topic)}/queues/{q['queueId']}/offset",
                     params={"timestamp": timestamp_ms},
                 )
                 offsets[str(q["queueId"])] = doc["offset"]
                 rows.append({"brokerName": s.broker_name, "queueId": q["queueId"], "offset": doc["offset"]})
             await self.transport.request(
                 "PUT",
-                f"{self._master(s)}/consumers/{group}/offsets",
+                f"{self._master(s)}/consumers/{seg(group)}/offsets",
                 json={"topic": topic, "offsets": offsets},
             )
+        if not found:
+            raise TopicNotExistError(f"topic {topic!r} is on no live broker set")
         return rows
 
     # -- messages ------------------------------------------------------------------------------
     async def query_msg_by_id(self, msg_id: str) -> dict[str, Any]:
-        """Look a message up on every broker set (its id encodes the store host and position)."""
+        """The message with id `msg_id`, plus `brokerName`. The id names its store host and
+        commit-log offset: the broker set with a member at that host is asked (master first);
+        only when no set has it (an address that changed) is every set scanned. Two local broker
+        sets hold different messages at the same offset, so an answer whose own msgId differs is
+        never returned. MessageNotFoundError when no set has it; BrokerUnreachableError when the
+        set that should have it (or, scanning, every set) did not answer."""
+        host, _ = decode_message_id(msg_id)
+        want = msg_id.upper()
         sets = await self.broker_sets()
-        for s in sets:
+        named = [s for s in sets if host in {_host_port(a) for a in s.addrs.values()}]
+        unreachable: list[str] = []
+        for s in named or sets:
             try:
-                return {"brokerName": s.broker_name, **await self._first(s, "GET", f"/messages/{msg_id}")}
-            except (MessageNotFoundError, NotFoundError, BrokerUnreachableError):
+                doc = await self._first(s, "GET", f"/messages/{seg(want)}")
+            except (MessageNotFoundError, NotFoundError):
                 continue
+            except BrokerUnreachableError:
+                unreachable.append(s.broker_name)
+                continue
+            if str(doc.get("msgId", "")).upper() == want:
+                return {"brokerName": s.broker_name, **doc}
+        if unreachable and len(unreachable) == len(named or sets):
+            raise BrokerUnreachableError(f"message {msg_id}: no member of {', '.join(unreachable)} answered")
         raise MessageNotFoundError(f"message {msg_id} not found on any broker set")
 
 
@@ -251,7 +310,7 @@ class Admin:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._a, name)
-        if not asyncio.iscoroutinefunction(attr):
+        if not inspect.iscoroutinefunction(attr):
             return attr
 
         def call(*args: Any, **kw: Any) -> Any:
@@ -260,6 +319,7 @@ class Admin:
         return call
 
     def close(self) -> None:
+        """Close the connections and the private event loop."""
         self._runner.run(self._a.close())
         self._runner.close()
 

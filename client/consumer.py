@@ -9,8 +9,14 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from client.errors import BrokerUnreachableError, LedgerMQError, NotMasterError, TopicNotExistError
-from client.transport import AsyncTransport, BrokerSetRoute, RouteCache, split_addrs
+from client.errors import (
+    BrokerUnreachableError,
+    LedgerMQError,
+    NotMasterError,
+    ServerError,
+    TopicNotExistError,
+)
+from client.transport import AsyncTransport, BrokerSetRoute, RouteCache, seg, split_addrs
 
 
 @dataclass
@@ -86,9 +92,17 @@ class _RouteUser:
         self.transport = AsyncTransport(token=token, timeout_s=request_timeout_s)
         self.routes = RouteCache(self.transport, split_addrs(namesrv_addr), split_addrs(broker_addr))
 
+    async def __aenter__(self) -> Any:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     async def _broker(self, topic: str, broker_name: str | None) -> BrokerSetRoute:
         route = await self.routes.get(topic)
         if broker_name is None:
+            if not route.brokers:
+                raise TopicNotExistError(f"no broker set holds topic {topic!r}")
             return route.brokers[0]
         broker = route.broker(broker_name)
         if broker is None:
@@ -110,7 +124,17 @@ class _RouteUser:
         self.routes.invalidate(topic)
         raise last or BrokerUnreachableError(f"no address for broker set {broker.broker_name}")
 
+    async def _write(self, topic: str, broker: BrokerSetRoute, path: str, body: dict[str, Any]) -> Any:
+        """POST `body` to the set's master; the cached route is dropped when it is unreachable
+        or no longer the master."""
+        try:
+            return await self.transport.request("POST", broker.write_url() + path, json=body)
+        except (BrokerUnreachableError, NotMasterError):
+            self.routes.invalidate(topic)
+            raise
+
     async def close(self) -> None:
+        """Close the HTTP connections."""
         await self.transport.aclose()
 
 
@@ -129,10 +153,25 @@ class AsyncPullConsumer(_RouteUser):
         super().__init__(namesrv_addr, broker_addr, token, request_timeout_s)
 
     async def queues(self, topic: str) -> list[MessageQueue]:
+        """Every readable queue of `topic`, per broker set. A route that does not carry queue
+        numbers (broker_addr mode, or a topic the name servers do not route yet) is completed
+        from the broker's own topic config; TopicNotExistError when no set holds the topic."""
         route = await self.routes.get(topic)
-        return [
-            MessageQueue(topic, b.broker_name, q) for b in route.brokers for q in range(b.read_queue_nums)
-        ]
+        out: list[MessageQueue] = []
+        missing = 0
+        for b in route.brokers:
+            nums = b.read_queue_nums
+            if nums == 0:
+                try:
+                    doc = await self._read(topic, b.broker_name, "GET", f"/topics/{seg(topic)}")
+                except TopicNotExistError:
+                    missing += 1
+                    continue
+                nums = int(doc.get("readQueueNums", 0))
+            out += [MessageQueue(topic, b.broker_name, q) for q in range(nums)]
+        if missing and missing == len(route.brokers):
+            raise TopicNotExistError(f"no broker set holds topic {topic!r}")
+        return out
 
     async def pull(
         self,
@@ -145,9 +184,8 @@ class AsyncPullConsumer(_RouteUser):
     ) -> PullResult:
         params = {"offset": offset, "maxMessages": max_messages, "waitMs": wait_ms}
         broker = await self._broker(topic, broker_name)
-        doc = await self._read(
-            topic, broker.broker_name, "GET", f"/topics/{topic}/queues/{queue_id}/messages", params=params
-        )
+        path = f"/topics/{seg(topic)}/queues/{seg(queue_id)}/messages"
+        doc = await self._read(topic, broker.broker_name, "GET", path, params=params)
         return PullResult(
             [ReceivedMessage.from_json(m, broker.broker_name) for m in doc["messages"]],
             doc["nextOffset"],
@@ -159,7 +197,7 @@ class AsyncPullConsumer(_RouteUser):
         self, group: str, topic: str, broker_name: str | None = None
     ) -> dict[int, int]:
         doc = await self._read(
-            topic, broker_name, "GET", f"/consumers/{group}/offsets", params={"topic": topic}
+            topic, broker_name, "GET", f"/consumers/{seg(group)}/offsets", params={"topic": topic}
         )
         return {o["queueId"]: o["offset"] for o in doc["offsets"] if o["topic"] == topic}
 
@@ -167,12 +205,15 @@ class AsyncPullConsumer(_RouteUser):
         self, group: str, topic: str, offsets: dict[int, int], broker_name: str | None = None
     ) -> None:
         broker = await self._broker(topic, broker_name)
-        url = broker.master_url or broker.urls()[0]
-        await self.transport.request(
-            "PUT",
-            f"{url}/consumers/{group}/offsets",
-            json={"topic": topic, "offsets": {str(k): v for k, v in offsets.items()}},
-        )
+        try:
+            await self.transport.request(
+                "PUT",
+                f"{broker.write_url()}/consumers/{seg(group)}/offsets",
+                json={"topic": topic, "offsets": {str(k): v for k, v in offsets.items()}},
+            )
+        except (BrokerUnreachableError, NotMasterError):
+            self.routes.invalidate(topic)
+            raise
 
 
 class AsyncSimpleConsumer(_RouteUser):
@@ -202,51 +243,63 @@ class AsyncSimpleConsumer(_RouteUser):
         if not route.brokers:
             return []
         broker = route.brokers[next(self._turn) % len(route.brokers)]
-        url = broker.master_url or broker.urls()[0]
         body = {
             "topic": self.topic,
             "maxMessages": max_messages,
             "waitMs": wait_ms,
-            "invisibleMs": invisible_ms or self.invisible_ms,
+            # 0 is the caller's value (the broker refuses it), not "use the default"
+            "invisibleMs": self.invisible_ms if invisible_ms is None else invisible_ms,
         }
-        try:
-            doc = await self.transport.request("POST", f"{url}/consumers/{self.group}/receive", json=body)
-        except (BrokerUnreachableError, NotMasterError):
-            self.routes.invalidate(self.topic)
-            raise
+        doc = await self._write(self.topic, broker, f"/consumers/{seg(self.group)}/receive", body)
         return [ReceivedMessage.from_json(m, broker.broker_name) for m in doc["messages"]]
 
-    async def _settle(self, action: str, msgs: list[ReceivedMessage], **extra: Any) -> dict[str, Any]:
-        by_broker: dict[str | None, list[str]] = {}
-        for m in msgs:
+    async def _settle(self, action: str, msgs: list[ReceivedMessage]) -> dict[str, Any]:
+        """One request per broker set; `{"results": [...]}` with one entry per message, in the
+        caller's order. A failure of one set's request is raised (sets answered before it have
+        applied theirs; settling again is harmless: an acked handle answers OK)."""
+        by_broker: dict[str | None, list[int]] = {}
+        for i, m in enumerate(msgs):
             if m.receipt_handle is None:
                 raise ValueError(f"message {m.msg_id} has no receipt handle (was it received?)")
-            by_broker.setdefault(m.broker_name, []).append(m.receipt_handle)
-        result: dict[str, Any] = {}
-        for name, handles in by_broker.items():
+            by_broker.setdefault(m.broker_name, []).append(i)
+        results: list[dict[str, Any] | None] = [None] * len(msgs)
+        for name, idx in by_broker.items():
             broker = await self._broker(self.topic, name)
-            url = broker.master_url or broker.urls()[0]
-            result = await self.transport.request(
-                "POST",
-                f"{url}/consumers/{self.group}/{action}",
-                json={"topic": self.topic, "receiptHandles": handles, **extra},
+            handles = [msgs[i].receipt_handle for i in idx]
+            doc = await self._write(
+                self.topic,
+                broker,
+                f"/consumers/{seg(self.group)}/{action}",
+                {"topic": self.topic, "receiptHandles": handles},
             )
-        return result
+            answered = doc.get("results") or []
+            if len(answered) != len(idx):
+                raise ServerError(
+                    f"{action} on {broker.broker_name}: {len(answered)} results for {len(idx)} handles"
+                )
+            for i, r in zip(idx, answered, strict=True):
+                results[i] = r
+        return {"results": results}
 
     async def ack(self, *msgs: ReceivedMessage) -> dict[str, Any]:
+        """Settle messages: `{"results": [{"receiptHandle", "status"}]}` in the order given;
+        status EXPIRED when the handle is no longer current (the message was redelivered)."""
         return await self._settle("ack", list(msgs))
 
     async def nack(self, *msgs: ReceivedMessage) -> dict[str, Any]:
-        """Give messages back now (redelivered at once, counted as a reconsume)."""
+        """Give messages back now (redelivered at once, counted as a reconsume); results as `ack`."""
         return await self._settle("nack", list(msgs))
 
     async def change_invisible_duration(self, msg: ReceivedMessage, invisible_ms: int) -> ReceivedMessage:
+        """Hide `msg` for `invisible_ms` from now; updates and returns it with its new handle."""
+        if msg.receipt_handle is None:
+            raise ValueError(f"message {msg.msg_id} has no receipt handle (was it received?)")
         broker = await self._broker(self.topic, msg.broker_name)
-        url = broker.master_url or broker.urls()[0]
-        doc = await self.transport.request(
-            "POST",
-            f"{url}/consumers/{self.group}/invisible",
-            json={"topic": self.topic, "receiptHandle": msg.receipt_handle, "invisibleMs": invisible_ms},
+        doc = await self._write(
+            self.topic,
+            broker,
+            f"/consumers/{seg(self.group)}/invisible",
+            {"topic": self.topic, "receiptHandle": msg.receipt_handle, "invisibleMs": invisible_ms},
         )
         msg.receipt_handle = doc.get("receiptHandle", msg.receipt_handle)
         return msg
@@ -258,15 +311,22 @@ class _SyncWrapper:
     _async_cls: type
 
     def __init__(self, *args: Any, **kw: Any) -> None:
-        self._runner = asyncio.Runner()
+        self._runner: asyncio.Runner | None = asyncio.Runner()
         self._c = self._runner.run(_make(self._async_cls, *args, **kw))
 
     def _run(self, coro: Any) -> Any:
+        if self._runner is None:
+            coro.close()
+            raise RuntimeError("the client is closed")
         return self._runner.run(coro)
 
     def close(self) -> None:
+        """Close the connections and the private event loop (a second call does nothing)."""
+        if self._runner is None:
+            return
         self._runner.run(self._c.close())
         self._runner.close()
+        self._runner = None
 
     def __enter__(self) -> Any:
         return self

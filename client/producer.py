@@ -1,17 +1,21 @@
 """`Producer` / `AsyncProducer`: send messages to the master of a topic's broker set.
 
-Queue selection is round robin over the writable (broker set, queue) pairs of the topic's route.
-Every message gets an `idempotencyKey` (uuid4) before its first attempt, and a retry goes to the
-same broker set and queue, so the master answers a retried key with the original result instead
-of storing it twice — this holds across master failover because the key table is rebuilt from the
-replicated log. Retries happen on NOT_MASTER (to the named master, or after a route refresh),
-connection errors, 503 and 504 (outcome unknown), until `send_timeout_s` has passed.
+Queue selection is round robin over the writable (broker set, queue) pairs of the topic's route; a
+message's own `queue_id` is kept. Every message of a `send`/`send_batch` call gets an
+`idempotencyKey` (uuid4, unless the caller set one) before its first attempt — fresh per call and
+never written into the caller's `Message`, so sending the same object again stores it again — and a
+retry within the call goes to the same broker set and queue with the same keys, so the master
+answers a retried key with the original result instead of storing it twice. This holds across
+master failover because the key table is rebuilt from the replicated log. Retries happen on
+NOT_MASTER (to the named master, or after a route refresh), connection errors, 503 and 504
+(outcome unknown), until `send_timeout_s` has passed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import itertools
 import logging
 import time
@@ -21,14 +25,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from client.errors import LedgerMQError, NotMasterError, TopicNotExistError
-from client.transport import PERM_WRITE, AsyncTransport, BrokerSetRoute, RouteCache, base_url, split_addrs
+from client.transport import (
+    PERM_WRITE,
+    AsyncTransport,
+    BrokerSetRoute,
+    RouteCache,
+    base_url,
+    seg,
+    split_addrs,
+)
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Message:
-    """A message to send. `body` bytes are sent base64 unless valid UTF-8 text."""
+    """A message to send. `body` bytes are sent base64 unless valid UTF-8 text. Set
+    `idempotency_key` only to make separate sends of it count as one (the producer gives every
+    send its own key otherwise)."""
 
     body: bytes | str
     tags: str | None = None
@@ -38,6 +52,7 @@ class Message:
     idempotency_key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The produce API's message object (`idempotencyKey` only when set here)."""
         if isinstance(self.body, str):
             body, enc = self.body, "utf-8"
         else:
@@ -100,46 +115,54 @@ class AsyncProducer:
         await self.close()
 
     async def close(self) -> None:
+        """Close the HTTP connections."""
         await self.transport.aclose()
 
     async def send(self, topic: str, message: Message | bytes | str, **kw: Any) -> SendResult:
-        """Send one message; keyword args (tags, keys, properties, queue_id) build a Message."""
+        """Send one message; keyword args (tags, keys, properties, queue_id) override the
+        message's fields for this send (the caller's `Message` is not changed)."""
         msg = _as_message(message)
-        for k, v in kw.items():
-            setattr(msg, k, v)
+        if kw:
+            msg = dataclasses.replace(msg, **kw)
         return (await self.send_batch(topic, [msg]))[0]
 
     async def send_batch(self, topic: str, messages: Iterable[Message | bytes | str]) -> list[SendResult]:
-        """Send messages as one batch to one queue (stored contiguously, in order)."""
+        """Send messages in one request to one broker set, stored in order. A message with a
+        `queue_id` goes to that queue; the others go together to the queue picked for the batch
+        (so a batch without queue ids is stored contiguously in one queue)."""
         msgs = [_as_message(m) for m in messages]
         if not msgs:
             return []
-        for m in msgs:
-            if m.idempotency_key is None:
-                m.idempotency_key = uuid.uuid4().hex
+        docs = [m.to_json() for m in msgs]
+        for doc in docs:  # this call's keys: reused by its retries, never by a later call
+            doc.setdefault("idempotencyKey", uuid.uuid4().hex)
+        pinned = [m.queue_id for m in msgs if m.queue_id is not None]
         route = await self.routes.get(topic)
-        broker, queue_id = self._select(route.brokers, msgs[0].queue_id, topic)
-        payload = {"messages": [m.to_json() for m in msgs]}
+        broker, queue_id = self._select(route.brokers, max(pinned) + 1 if pinned else 0, topic)
         if queue_id is not None:
-            for doc in payload["messages"]:
-                doc["queueId"] = queue_id
-        return await self._send_with_retry(topic, broker.broker_name, payload)
+            for m, doc in zip(msgs, docs, strict=True):
+                if m.queue_id is None:
+                    doc["queueId"] = queue_id
+        return await self._send_with_retry(topic, broker.broker_name, {"messages": docs})
 
     def _select(
-        self, brokers: list[BrokerSetRoute], queue_id: int | None, topic: str
+        self, brokers: list[BrokerSetRoute], min_queues: int, topic: str
     ) -> tuple[BrokerSetRoute, int | None]:
+        """The next (broker set, queue) in turn among writable sets with at least `min_queues`
+        write queues (a set whose queue numbers the route does not give counts as having them);
+        queue None when no route gives queue numbers (the broker picks)."""
         writable = [b for b in brokers if b.perm & PERM_WRITE and (b.master_addr or 0 in b.addrs)]
         if not writable:
             writable = [b for b in brokers if b.perm & PERM_WRITE]
         if not writable:
             raise TopicNotExistError(f"no writable broker set for topic {topic!r}")
+        if min_queues:
+            # The caller picked queues: only sets that have them (else let the broker say so).
+            writable = [
+                b for b in writable if min_queues <= b.write_queue_nums or b.write_queue_nums == 0
+            ] or writable
         pairs = [(b, q) for b in writable for q in range(b.write_queue_nums)] or [(b, None) for b in writable]
-        n = next(self._counter)
-        if queue_id is not None:
-            # The caller picked the queue: take the broker set in turn that has it.
-            cands = [b for b in writable if queue_id < b.write_queue_nums or b.write_queue_nums == 0]
-            return (cands or writable)[n % len(cands or writable)], queue_id
-        return pairs[n % len(pairs)]
+        return pairs[next(self._counter) % len(pairs)]
 
     async def _send_with_retry(
         self, topic: str, broker_name: str, payload: dict[str, Any]
@@ -157,7 +180,8 @@ class AsyncProducer:
             try:
                 if url is None:
                     raise NotMasterError(f"broker set {broker_name} has no master in the route")
-                doc = await self.transport.request("POST", f"{url}/topics/{topic}/messages", json=payload)
+                path = f"/topics/{seg(topic)}/messages"
+                doc = await self.transport.request("POST", url + path, json=payload)
                 return [
                     SendResult(r["msgId"], r["queueId"], r["queueOffset"], r["commitLogOffset"], broker_name)
                     for r in doc["results"]
@@ -190,9 +214,11 @@ class Producer:
         self._p: AsyncProducer = self._runner.run(_make(AsyncProducer, namesrv_addr, **kw))
 
     def send(self, topic: str, message: Message | bytes | str, **kw: Any) -> SendResult:
+        """See `AsyncProducer.send`."""
         return self._runner.run(self._p.send(topic, message, **kw))
 
     def send_batch(self, topic: str, messages: Iterable[Message | bytes | str]) -> list[SendResult]:
+        """See `AsyncProducer.send_batch`."""
         return self._runner.run(self._p.send_batch(topic, list(messages)))
 
     @property

@@ -8,6 +8,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -16,6 +17,7 @@ from client.errors import (
     BrokerUnreachableError,
     LedgerMQError,
     OutcomeUnknownError,
+    ServerError,
     TopicNotExistError,
     error_from_problem,
 )
@@ -29,6 +31,12 @@ PERM_READ = 4
 def base_url(addr: str) -> str:
     """`host:port` (as brokers register) → `http://host:port`; full URLs pass through."""
     return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
+
+
+def seg(name: str | int) -> str:
+    """`name` as one URL path segment: every reserved character percent-escaped, '%' included
+    (topic names like `%DLQ%default` must not reach the server as the escape `%de`)."""
+    return quote(str(name), safe="")
 
 
 def split_addrs(addrs: str | list[str] | None) -> list[str]:
@@ -90,7 +98,13 @@ class AsyncTransport:
         if not resp.content:
             return None
         ctype = resp.headers.get("content-type", "")
-        return orjson.loads(resp.content) if "json" in ctype else resp.text
+        if "json" not in ctype:
+            return resp.text
+        try:
+            return orjson.loads(resp.content)
+        except orjson.JSONDecodeError as exc:
+            detail = f"{method} {url}: answer is not valid JSON: {exc}"
+            raise ServerError(detail, status=resp.status_code) from None
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -117,6 +131,14 @@ class BrokerSetRoute:
         ordered = [self.master_addr] if self.master_addr else []
         ordered += [a for _, a in sorted(self.addrs.items()) if a != self.master_addr]
         return [base_url(a) for a in ordered]
+
+    def write_url(self) -> str:
+        """Where a write goes: the master, else any member (which names the master if it knows
+        it); BrokerUnreachableError when the route lists no address at all."""
+        urls = self.urls()
+        if self.master_url is None and not urls:
+            raise BrokerUnreachableError(f"broker set {self.broker_name} has no address in the route")
+        return self.master_url or urls[0]
 
 
 @dataclass
@@ -182,7 +204,7 @@ class RouteCache:
         for i in range(len(self.namesrv_urls)):
             url = self.namesrv_urls[(self._next_ns + i) % len(self.namesrv_urls)]
             try:
-                doc = await self.transport.request("GET", f"{url}/routes/{topic}", timeout_s=3.0)
+                doc = await self.transport.request("GET", f"{url}/routes/{seg(topic)}", timeout_s=3.0)
             except TopicNotExistError:
                 # A topic no broker registered yet (auto-created on first produce): offer every
                 # broker set with a master and let the broker pick the queue (RocketMQ uses the
@@ -192,6 +214,8 @@ class RouteCache:
                     raise
                 return fallback
             except LedgerMQError as exc:
+                if not exc.retryable:  # e.g. a malformed topic name: no other name server helps
+                    raise
                 last = exc
                 continue
             self._next_ns = (self._next_ns + i) % len(self.namesrv_urls)
