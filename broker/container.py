@@ -80,6 +80,7 @@ class HostedBroker:
     state: str = "NEW"  # NEW -> STARTING -> RUNNING -> STOPPED | FAILED
     error: str | None = None
     runtime: Any = None
+    watch: asyncio.Task[None] | None = None
 
 
 class BrokerContainer:
@@ -131,11 +132,23 @@ class BrokerContainer:
             b.runtime = BrokerRuntime(cfg)
             await b.runtime.start()
             b.state = "RUNNING"
+            b.watch = asyncio.get_running_loop().create_task(self._watch(b), name=f"watch-{b.name}")
         except Exception as exc:  # one broker's failure must not take the others down
             b.state, b.error, b.runtime = "FAILED", f"{type(exc).__name__}: {exc}", None
             log.error(
                 "event=container_broker_failed config=%s broker=%s error=%s", b.conf_path, b.name, b.error
             )
+
+    async def _watch(self, b: HostedBroker) -> None:
+        """A hosted broker whose HTTP server stops while the container runs is reported FAILED
+        and shut down (unregistered, store closed); the others keep running."""
+        await b.runtime.wait()
+        if self.stopping.is_set() or b.state != "RUNNING":
+            return
+        b.state, b.error = "FAILED", "its HTTP server stopped"
+        log.error("event=container_broker_failed config=%s broker=%s error=%s", b.conf_path, b.name, b.error)
+        runtime, b.runtime = b.runtime, None
+        await runtime.stop()
 
     async def start(self) -> None:
         """Serve the container's own port first (so it is never taken by a hosted broker), then
@@ -172,6 +185,7 @@ class BrokerContainer:
         await self.stop()
 
     async def stop(self) -> None:
+        self.stopping.set()
         if self.server is not None:
             self.server.should_exit = True
         running = [b for b in self.brokers if b.runtime is not None]

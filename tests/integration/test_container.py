@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 
 import httpx
 import pytest
 
+from broker.container import BrokerContainer, ContainerConfig
 from tests.integration._ledgermq_procs import (
     CONF,
     ProcessGroup,
@@ -87,3 +89,47 @@ def test_container_hosts_two_brokers_and_isolates_a_failing_one(container):
     container["proc"].send_signal(signal.SIGTERM)
     assert container["proc"].wait(15) == 0
     assert "event=container_stopped" in container["group"].log_text("container")
+
+
+async def test_a_hosted_broker_whose_server_stops_is_reported_failed_and_the_other_keeps_serving(tmp_path):
+    """In this process's loop: a real container with two real brokers; one broker's HTTP server
+    is told to exit, as if it had died."""
+    ports = {name: free_port() for name in ("broker-c1", "broker-c2")}
+    paths = [
+        str(
+            write_conf(
+                CONF / "container" / f"{name}.conf",
+                tmp_path / f"{name}.conf",
+                {
+                    "listenPort": str(port),
+                    "storePathRootDir": str(tmp_path / f"store-{name}"),
+                    "namesrvAddr": "",
+                },
+            )
+        )
+        for name, port in ports.items()
+    ]
+    container = BrokerContainer(
+        ContainerConfig(listen_host="127.0.0.1", listen_port=free_port(), broker_config_paths=paths)
+    )
+    await container.start()
+    try:
+        c1, c2 = container.brokers
+        assert (c1.state, c2.state) == ("RUNNING", "RUNNING")
+        c1.runtime.request_stop()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{container.config.listen_port}") as http:
+            for _ in range(200):
+                rows = {b["brokerName"]: b for b in (await http.get("/brokers")).json()["brokers"]}
+                if rows["broker-c1"]["state"] == "FAILED":
+                    break
+                await asyncio.sleep(0.05)
+            assert rows["broker-c1"]["state"] == "FAILED" and "HTTP server" in rows["broker-c1"]["error"]
+            assert rows["broker-c2"]["state"] == "RUNNING"
+            assert (await http.get("/health")).json()["running"] == 1
+        url = f"http://127.0.0.1:{ports['broker-c2']}/topics/still/messages"
+        async with httpx.AsyncClient() as http:
+            r = await http.post(url, json={"messages": [{"body": "ok"}]})
+        assert r.status_code == 200, r.text
+    finally:
+        await container.stop()
+    assert c2.state == "STOPPED"
