@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +92,26 @@ def produce_body(batch: int, size: int) -> bytes:
     return orjson.dumps({"messages": [{"body": text} for _ in range(batch)]})
 
 
-async def produce_worker(host: str, port: int, clients: int, seconds: float, batch: int, size: int) -> dict:
+def keyed_requests(host: str, batch: int, size: int) -> Iterator[bytes]:
+    """Requests whose every message carries a fresh idempotency key shaped like the SDK's (32
+    lower-case hex digits), so the brokers' key tables fill as they do behind the SDK."""
+    part = b'{"body":"' + b"x" * size + b'","idempotencyKey":"%s%016x"}'
+    prefix = os.urandom(8).hex().encode()
+    n = 0
+    while True:
+        msgs = []
+        for _ in range(batch):
+            msgs.append(part % (prefix, n))
+            n += 1
+        body = b'{"messages":[' + b",".join(msgs) + b"]}"
+        yield http_request("POST", host, f"/topics/{TOPIC}/messages", body)
+
+
+async def produce_worker(
+    host: str, port: int, clients: int, seconds: float, batch: int, size: int, keyed: bool = False
+) -> dict:
     raw = http_request("POST", host, f"/topics/{TOPIC}/messages", produce_body(batch, size))
+    keyed_raw = keyed_requests(host, batch, size) if keyed else None
     lat: list[float] = []
     errors = 0
     deadline = time.perf_counter() + seconds
@@ -102,8 +121,9 @@ async def produce_worker(host: str, port: int, clients: int, seconds: float, bat
         conn = await Conn.open(host, port)
         try:
             while time.perf_counter() < deadline:
+                req = next(keyed_raw) if keyed_raw is not None else raw
                 t0 = time.perf_counter()
-                status, _ = await conn.request(raw)
+                status, _ = await conn.request(req)
                 if status == 200:
                     lat.append(time.perf_counter() - t0)
                 else:
@@ -272,11 +292,12 @@ class RssSampler(threading.Thread):
 
 
 class Cluster:
-    def __init__(self, workdir: Path, flush: str) -> None:
+    def __init__(self, workdir: Path, flush: str, broker_overrides: dict[str, str] | None = None) -> None:
         self.workdir = workdir
         self.procs: dict[str, subprocess.Popen] = {}
         self.addrs: dict[str, str] = {}
         self.flush = flush
+        self.broker_overrides = broker_overrides or {}
 
     def spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         with open(self.workdir / f"{name}.log", "ab") as log:
@@ -301,6 +322,7 @@ class Cluster:
                 "namesrvAddr": "",
                 "storePathRootDir": str(self.workdir / "store-single"),
                 "flushDiskType": self.flush,
+                **self.broker_overrides,
             },
         )
         self.addrs["single"] = f"127.0.0.1:{port}"
@@ -330,6 +352,7 @@ class Cluster:
                     "namesrvAddr": f"127.0.0.1:{ns_port}",
                     "storePathRootDir": str(self.workdir / f"store-n{i}"),
                     "flushDiskType": self.flush,
+                    **self.broker_overrides,
                 },
             )
             self.addrs[f"n{i}"] = f"127.0.0.1:{port}"
@@ -379,9 +402,17 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated subset of single,batch,pull (e.g. 'batch' to profile one phase)",
     )
     ap.add_argument("--single", action="store_true", help="one local-mode broker instead of the DLedger set")
+    ap.add_argument(
+        "--keyed", action="store_true",
+        help="every message carries a fresh idempotency key, as behind the SDK (the key tables fill)",
+    )
+    ap.add_argument("--idempotency-max-keys", type=int, help="the brokers' idempotencyMaxKeys")
     args = ap.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="http-bench-"))
-    cluster = Cluster(workdir, args.flush)
+    overrides = {}
+    if args.idempotency_max_keys:
+        overrides["idempotencyMaxKeys"] = str(args.idempotency_max_keys)
+    cluster = Cluster(workdir, args.flush, overrides)
     cluster.start_single() if args.single else cluster.start()
     report: dict[str, Any] = {
         "config": vars(args),
@@ -421,10 +452,12 @@ def main(argv: list[str] | None = None) -> int:
         phases = set(args.phases.split(","))
         if "single" in phases:
             per = max(1, args.clients // w)
-            phase("produce_single", "produce", [(host, int(port), per, args.seconds, 1, args.size)] * w)
+            single = (host, int(port), per, args.seconds, 1, args.size, args.keyed)
+            phase("produce_single", "produce", [single] * w)
         if "batch" in phases:
             perb = max(1, args.batch_clients // w)
-            phase("produce_batch100", "produce", [(host, int(port), perb, args.seconds, 100, args.size)] * w)
+            batched = (host, int(port), perb, args.seconds, 100, args.size, args.keyed)
+            phase("produce_batch100", "produce", [batched] * w)
         topic = httpx.get(f"http://{addr}/topics/{TOPIC}").json()
         queues = [(q["queueId"], q["maxOffset"]) for q in topic["queues"]]
         if "pull" in phases:
