@@ -17,7 +17,7 @@ stays master-local: which messages are in flight and until when (they are redeli
 by a new master, counted as one more reconsume only if a redelivery was recorded).
 
 Plain state, no I/O. Callers: the store dispatcher (`apply_record`), `PopService` (`acked`,
-`reconsume_counts`, `prune`).
+`reconsume_counts`, `prune`, and `drop_topic` when a topic delete is applied).
 """
 
 from __future__ import annotations
@@ -64,9 +64,11 @@ class PopStateReplica:
             log.error("event=bad_pop_record record=%r", record)
 
     def acked(self, group: str, topic: str, queue_id: int) -> set[int]:
+        """Offsets settled above the committed offset (a copy)."""
         return set(self._acked.get((group, topic, queue_id), ()))
 
     def reconsume_counts(self, group: str, topic: str, queue_id: int) -> dict[int, int]:
+        """Offset → times redelivered (a copy)."""
         return dict(self._reconsume.get((group, topic, queue_id), {}))
 
     def prune(self, group: str, topic: str, queue_id: int, committed: int) -> None:
@@ -85,6 +87,8 @@ class PopStateReplica:
                 del self._reconsume[key]
 
     def drop_topic(self, topic: str) -> None:
+        """Forget every group's state of a deleted topic (called where the delete is applied, on
+        every member, so a topic created again under the same name starts clean)."""
         for table in (self._acked, self._reconsume):
             for key in [k for k in table if k[1] == topic]:
                 del table[key]

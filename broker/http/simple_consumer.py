@@ -14,10 +14,17 @@ written through the log before the ack/receive is answered. Which messages are i
 until when, lives in the master's memory: after a failover (or term change) the new master
 delivers those again at once (at least once, never lost), never an acked one. Receipt handles
 carry the service epoch and a delivery id, so a handle from an old master or an earlier delivery
-is refused.
+is refused; an ack retried with the handle that was acked answers OK again.
 
 A message whose reconsume count would exceed `maxReconsumeTimes` goes to `%DLQ%{group}` (created on
 demand, one queue) and counts as acked. A new group starts at each queue's min offset.
+
+Edges: retention can move a queue's min offset past the read pointer or an in-flight offset —
+the group skips forward (what left the disk is gone; one warning line names the range). A topic
+delete drops every group's state of that topic, replicated and in memory (`drop_topic`, hooked on
+the delete as every member applies it), and a queue whose read pointer lies past its end (the
+topic was re-created) is rebuilt. Every await in a request re-checks what it read before: a
+concurrent ack, receive, topic delete or term change may have changed it meanwhile.
 """
 
 from __future__ import annotations
@@ -56,6 +63,14 @@ log = logging.getLogger(__name__)
 DLQ_PREFIX = "%DLQ%"
 GroupPath = Annotated[str, Path(min_length=1, max_length=120, pattern=r"^[%|a-zA-Z0-9_-]{1,120}$")]
 
+# An entry being written to the DLQ: due never, so no concurrent receive hands it out meanwhile.
+_RESERVED_UNTIL_MS = 1 << 62
+# A DLQ write that failed (disk full, DLQ not writable, ...) is tried again this much later.
+DLQ_RETRY_MS = 1_000
+# Per queue, how many recent OK acks (offset → delivery id) are remembered so that an ack retried
+# with the same handle answers OK again; older retries answer EXPIRED (still never redelivered).
+RECENT_ACKS_PER_QUEUE = 1024
+
 
 @dataclass
 class Inflight:
@@ -73,9 +88,17 @@ class QueueState:
     # and redelivery counts recorded by an earlier master.
     acked: set[int] = field(default_factory=set)
     reconsume_base: dict[int, int] = field(default_factory=dict)
+    # offset → delivery id of its OK ack on this master (bounded, oldest first).
+    recent_acks: dict[int, int] = field(default_factory=dict)
 
     def low_water_mark(self) -> int:
         return min(self.inflight) if self.inflight else self.read_ptr
+
+    def remember_ack(self, offset: int, delivery_id: int) -> None:
+        """Record an OK ack, so a retry with the same handle (and only that one) answers OK."""
+        self.recent_acks[offset] = delivery_id
+        if len(self.recent_acks) > RECENT_ACKS_PER_QUEUE:
+            del self.recent_acks[next(iter(self.recent_acks))]
 
 
 @dataclass
@@ -85,13 +108,40 @@ class GroupTopicState:
     turn: int = 0
 
 
+@dataclass
+class _Batch:
+    """One receive's harvest: the messages handed out, and what to replicate before answering."""
+
+    max_messages: int
+    invisible_ms: int
+    out: list[dict[str, Any]] = field(default_factory=list)
+    recounts: dict[int, dict[int, int]] = field(default_factory=dict)  # qid → offset → count
+    dead: dict[int, list[int]] = field(default_factory=dict)  # qid → offsets settled without ack
+
+    def full(self) -> bool:
+        return len(self.out) >= self.max_messages
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A receipt handle looked up: `status` is OK (live), ACKED (this very handle was acked) or
+    EXPIRED (redelivered, dead-lettered, expired from disk, another master, unknown queue)."""
+
+    qs: QueueState
+    queue_id: int
+    offset: int
+    delivery_id: int
+    status: str
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
 class PopService:
     """Receipt state of all groups on this master. Callers: the /consumers/{group}/receive|ack|
-    nack|invisible routes. Affects: committed offsets (replicated) and the DLQ topics."""
+    nack|invisible routes; the topic-delete hook (`drop_topic`). Affects: committed offsets and
+    pop-state records (replicated) and the DLQ topics."""
 
     def __init__(self, ctx: HttpContext, replica: PopStateReplica) -> None:
         self.ctx = ctx
@@ -118,17 +168,87 @@ class PopService:
                 )
             st = GroupTopicState(term)
             self._states[(group, topic)] = st
+        # readQueueNums lowered: the higher queues are no longer read (and may no longer exist,
+        # so touching them would fail every request of the group).
+        for q in [q for q in st.queues if q >= cfg.read_queue_nums]:
+            del st.queues[q]
         for q in range(cfg.read_queue_nums):
-            if q not in st.queues:
-                committed = ctx.store.offsets.query(group, topic, q)
-                start = max(committed, ctx.store.min_offset(topic, q))
-                st.queues[q] = QueueState(
-                    read_ptr=start,
-                    committed=committed,
-                    acked={o for o in self.replica.acked(group, topic, q) if o >= start},
-                    reconsume_base=self.replica.reconsume_counts(group, topic, q),
+            qs = st.queues.get(q)
+            if qs is not None and qs.read_ptr > ctx.store.max_offset(topic, q):
+                # Read past the queue's end: the topic was deleted and created again under us.
+                log.warning(
+                    "event=pop_state_stale group=%s topic=%s queueId=%d readPtr=%d maxOffset=%d",
+                    group,
+                    topic,
+                    q,
+                    qs.read_ptr,
+                    ctx.store.max_offset(topic, q),
                 )
+                qs = None
+            if qs is None:
+                st.queues[q] = self._load_queue(group, topic, q)
         return st
+
+    def _load_queue(self, group: str, topic: str, queue_id: int) -> QueueState:
+        """A queue's state from the replicated committed offset and pop state."""
+        store = self.ctx.store
+        committed = store.offsets.query(group, topic, queue_id)
+        lo, hi = store.min_offset(topic, queue_id), store.max_offset(topic, queue_id)
+        if committed > hi:
+            # Past the end: left by an earlier topic of this name (a delete's drop is not
+            # replayed at start). Start over at the min offset; the next settle overwrites it.
+            log.warning(
+                "event=pop_state_stale group=%s topic=%s queueId=%d committed=%d maxOffset=%d",
+                group,
+                topic,
+                queue_id,
+                committed,
+                hi,
+            )
+            return QueueState(read_ptr=lo, committed=-1)
+        if 0 <= committed < lo:
+            self._log_skip(group, topic, queue_id, committed, lo)
+        start = max(committed, lo)
+        return QueueState(
+            read_ptr=start,
+            committed=committed,
+            acked={o for o in self.replica.acked(group, topic, queue_id) if start <= o < hi},
+            reconsume_base={
+                o: n
+                for o, n in self.replica.reconsume_counts(group, topic, queue_id).items()
+                if start <= o < hi
+            },
+        )
+
+    def _live(self, group: str, topic: str, st: GroupTopicState) -> bool:
+        """False once `st` was replaced or dropped (new term, topic deleted) — checked after
+        every await, so a request that outlived its state writes nothing for it."""
+        return self._states.get((group, topic)) is st
+
+    def drop_topic(self, topic: str) -> None:
+        """A topic was deleted (applied on every member, in log order): forget every group's
+        receipt state of it, replicated and in memory, so a topic created again under the same
+        name is read from its start."""
+        self.replica.drop_topic(topic)
+        dropped = [key for key in self._states if key[1] == topic]
+        for key in dropped:
+            del self._states[key]
+        log.info("event=pop_state_dropped topic=%s groups=%d", topic, len(dropped))
+
+    def _log_skip(self, group: str, topic: str, queue_id: int, start: int, end: int) -> None:
+        log.warning(
+            "event=pop_skipped_expired group=%s topic=%s queueId=%d fromOffset=%d toOffset=%d count=%d",
+            group,
+            topic,
+            queue_id,
+            start,
+            end,
+            end - start,
+        )
+
+    def _new_delivery_id(self) -> int:
+        self._next_delivery += 1
+        return self._next_delivery - 1
 
     def _handle(self, queue_id: int, offset: int, delivery_id: int) -> str:
         return f"{self.epoch}.{queue_id}.{offset}.{delivery_id}"
@@ -146,82 +266,123 @@ class PopService:
         deadline = time.monotonic() + min(wait_ms, self.ctx.config.broker_suspend_max_time_millis) / 1000
         while True:
             st = self._state(group, topic)
-            out = await self._collect(group, topic, st, max_messages, invisible_ms)
+            out = await self._collect(group, topic, st, _Batch(max_messages, invisible_ms))
             remaining = deadline - time.monotonic()
             if out or remaining <= 0 or not self.ctx.config.long_polling_enable:
                 return out
             await self._wait(topic, st, remaining)
 
     async def _collect(
-        self, group: str, topic: str, st: GroupTopicState, max_messages: int, invisible_ms: int
+        self, group: str, topic: str, st: GroupTopicState, batch: _Batch
     ) -> list[dict[str, Any]]:
-        store = self.ctx.store
-        now = _now_ms()
-        out: list[dict[str, Any]] = []
         qids = sorted(st.queues)
         if not qids:
-            return out
-        recounts: dict[int, dict[int, int]] = {}
-        dead: dict[int, list[int]] = {}
+            return batch.out
         st.turn = (st.turn + 1) % len(qids)  # spread consumers of a group over the queues
         for qid in qids[st.turn :] + qids[: st.turn]:
-            qs = st.queues[qid]
-            # 1. redeliver what became visible again (invisible time passed or nacked)
-            for off in sorted(o for o, f in qs.inflight.items() if f.invisible_until_ms <= now):
-                if len(out) >= max_messages:
-                    break
-                fl = qs.inflight[off]
-                msgs = store.get_messages(topic, qid, off, 1).messages
-                if not msgs or msgs[0].queue_offset != off:
-                    del qs.inflight[off]  # expired from disk: nothing to redeliver
-                    dead.setdefault(qid, []).append(off)
-                    continue
-                if fl.reconsume_times + 1 > self.ctx.config.max_reconsume_times:
-                    del qs.inflight[off]
-                    await self._to_dlq(group, topic, msgs[0], fl.reconsume_times + 1)
-                    dead.setdefault(qid, []).append(off)
-                    continue
-                fl.reconsume_times += 1
-                recounts.setdefault(qid, {})[off] = fl.reconsume_times
-                out.append(self._deliver(qid, off, fl, msgs[0], now + invisible_ms))
-            # 2. new messages (skipping those an earlier master saw acknowledged)
-            while len(out) < max_messages and qs.read_ptr < store.max_offset(topic, qid):
-                res = store.get_messages(topic, qid, qs.read_ptr, max_messages - len(out))
-                for msg in res.messages:
-                    off = msg.queue_offset
-                    if off in qs.acked:
-                        qs.acked.discard(off)
-                        continue
-                    base = qs.reconsume_base.pop(off, 0)
-                    fl = Inflight(0, base + 1 if base else 0, 0)
-                    if base:
-                        recounts.setdefault(qid, {})[off] = fl.reconsume_times
-                    qs.inflight[off] = fl
-                    out.append(self._deliver(qid, off, fl, msg, now + invisible_ms))
-                if res.next_offset <= qs.read_ptr:
-                    break
-                qs.read_ptr = res.next_offset
-            if len(out) >= max_messages:
+            qs = st.queues.get(qid)
+            if qs is None:
+                continue
+            await self._redeliver(group, topic, st, qid, qs, batch)  # 1. visible again
+            if not self._live(group, topic, st) or st.queues.get(qid) is not qs:
+                # Replaced while we awaited (topic deleted, new term, queue re-created): what we
+                # hold is stale, and writing it would resurrect it. Its handles answer EXPIRED.
+                return batch.out
+            self._read_new(group, topic, qid, qs, batch)  # 2. never handed out
+            if batch.full():
                 break
-        if recounts:
+        if batch.recounts:
             await self.ctx.store.append_system_record(
                 SYS_POP_STATE,
                 {
                     "op": "reconsume",
                     "group": group,
                     "topic": topic,
-                    "counts": {str(q): {str(o): n for o, n in c.items()} for q, c in recounts.items()},
+                    "counts": {str(q): {str(o): n for o, n in c.items()} for q, c in batch.recounts.items()},
                 },
             )
-        await self._settle(group, topic, st, dead)
-        if out:
-            self.ctx.metrics.get_messages.labels(topic=topic).inc(len(out))
-        return out
+        await self._settle(group, topic, st, batch.dead)
+        if batch.out:
+            self.ctx.metrics.get_messages.labels(topic=topic).inc(len(batch.out))
+        return batch.out
+
+    async def _redeliver(
+        self, group: str, topic: str, st: GroupTopicState, qid: int, qs: QueueState, batch: _Batch
+    ) -> None:
+        """Hand out again what became visible (invisible time passed or nacked); past
+        maxReconsumeTimes, dead-letter it instead."""
+        gone: list[int] = []
+        now = _now_ms()
+        for off in sorted(o for o, f in qs.inflight.items() if f.invisible_until_ms <= now):
+            if batch.full() or not self._live(group, topic, st) or st.queues.get(qid) is not qs:
+                break
+            # Looked up again each time: while an earlier message of this loop was being
+            # dead-lettered, a concurrent ack may have settled this one or a receive taken it.
+            fl = qs.inflight.get(off)
+            if fl is None or fl.invisible_until_ms > _now_ms():
+                continue
+            msg = self._read_one(topic, qid, off)
+            if msg is None:  # expired from disk (retention): nothing to redeliver
+                del qs.inflight[off]
+                gone.append(off)
+                batch.dead.setdefault(qid, []).append(off)
+                continue
+            if fl.reconsume_times + 1 > self.ctx.config.max_reconsume_times:
+                if await self._dead_letter(group, topic, qs, off, fl, msg):
+                    batch.dead.setdefault(qid, []).append(off)
+                continue
+            fl.reconsume_times += 1
+            batch.recounts.setdefault(qid, {})[off] = fl.reconsume_times
+            batch.out.append(self._deliver(qid, off, fl, msg, _now_ms() + batch.invisible_ms))
+        if gone:
+            log.warning(
+                "event=pop_inflight_expired group=%s topic=%s queueId=%d offsets=%s minOffset=%d",
+                group,
+                topic,
+                qid,
+                gone[:16],
+                self.ctx.store.min_offset(topic, qid),
+            )
+
+    def _read_one(self, topic: str, qid: int, off: int) -> MessageExt | None:
+        """The message at `off`, or None once it is no longer on disk."""
+        store = self.ctx.store
+        if not store.min_offset(topic, qid) <= off < store.max_offset(topic, qid):
+            return None
+        msgs = store.get_messages(topic, qid, off, 1).messages
+        return msgs[0] if msgs and msgs[0].queue_offset == off else None
+
+    def _read_new(self, group: str, topic: str, qid: int, qs: QueueState, batch: _Batch) -> None:
+        """Hand out messages never handed out (skipping those an earlier master saw acked).
+        No await: nothing else runs between reading the pointer and moving it."""
+        store = self.ctx.store
+        lo = store.min_offset(topic, qid)
+        if qs.read_ptr < lo:  # retention deleted what the group had not read yet
+            self._log_skip(group, topic, qid, qs.read_ptr, lo)
+            qs.read_ptr = lo
+            qs.acked = {o for o in qs.acked if o >= lo}
+            qs.reconsume_base = {o: n for o, n in qs.reconsume_base.items() if o >= lo}
+        now = _now_ms()
+        while not batch.full() and qs.read_ptr < store.max_offset(topic, qid):
+            res = store.get_messages(topic, qid, qs.read_ptr, batch.max_messages - len(batch.out))
+            for msg in res.messages:
+                off = msg.queue_offset
+                if off in qs.acked:
+                    qs.acked.discard(off)
+                    continue
+                base = qs.reconsume_base.pop(off, 0)
+                fl = Inflight(0, base + 1 if base else 0, 0)
+                if base:
+                    batch.recounts.setdefault(qid, {})[off] = fl.reconsume_times
+                qs.inflight[off] = fl
+                batch.out.append(self._deliver(qid, off, fl, msg, now + batch.invisible_ms))
+            if res.next_offset <= qs.read_ptr:
+                break
+            qs.read_ptr = res.next_offset
 
     def _deliver(self, qid: int, off: int, fl: Inflight, msg: MessageExt, until_ms: int) -> dict[str, Any]:
         fl.invisible_until_ms = until_ms
-        fl.delivery_id = self._next_delivery
-        self._next_delivery += 1
+        fl.delivery_id = self._new_delivery_id()
         doc = message_json(msg)
         doc["reconsumeTimes"] = fl.reconsume_times
         doc["receiptHandle"] = self._handle(qid, off, fl.delivery_id)
@@ -250,6 +411,38 @@ class PopService:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _dead_letter(
+        self, group: str, topic: str, qs: QueueState, off: int, fl: Inflight, msg: MessageExt
+    ) -> bool:
+        """Send a message out of retries to the DLQ; True once it is there and out of flight.
+        While the write is in progress the entry is reserved: a fresh delivery id no client holds
+        (its last handle no longer acks it — it is being dead-lettered, not acked) and no expiry
+        (no concurrent receive hands it out). Removed only after the write succeeded, so a
+        failed write loses nothing: the message is tried again later."""
+        fl.delivery_id = self._new_delivery_id()
+        fl.invisible_until_ms = _RESERVED_UNTIL_MS
+        try:
+            await self._to_dlq(group, topic, msg, fl.reconsume_times + 1)
+        except BrokerError as exc:
+            fl.invisible_until_ms = _now_ms() + DLQ_RETRY_MS
+            log.warning(
+                "event=dlq_failed group=%s topic=%s queueId=%d offset=%d code=%s retryMs=%d",
+                group,
+                topic,
+                msg.queue_id,
+                off,
+                exc.code,
+                DLQ_RETRY_MS,
+            )
+            return False
+        except BaseException:
+            fl.invisible_until_ms = _now_ms()  # cancelled mid-write: due again at once (idempotent)
+            raise
+        if qs.inflight.get(off) is fl:
+            del qs.inflight[off]
+            return True
+        return False
 
     async def _to_dlq(self, group: str, topic: str, msg: MessageExt, times: int) -> None:
         dlq = DLQ_PREFIX + group
@@ -284,6 +477,8 @@ class PopService:
     ) -> None:
         """Replicate what was just settled: offsets above the new low-water mark as a pop-state
         record, then the mark itself as the group's committed offset."""
+        if not self._live(group, topic, st):
+            return
         moved: dict[int, int] = {}
         above: dict[str, list[int]] = {}
         marks: dict[str, int] = {}
@@ -300,66 +495,83 @@ class PopService:
             await self.ctx.store.append_system_record(
                 SYS_POP_STATE, {"op": "ack", "group": group, "topic": topic, "acks": above, "marks": marks}
             )
+            if not self._live(group, topic, st):
+                return  # dropped meanwhile (topic deleted): committing would resurrect its offsets
         if moved:
             await self.ctx.store.offsets.commit_many(group, topic, moved)
             for qid, mark in moved.items():
-                st.queues[qid].committed = max(st.queues[qid].committed, mark)
+                qs = st.queues.get(qid)
+                if qs is not None:
+                    qs.committed = max(qs.committed, mark)
 
     # -- settle --------------------------------------------------------------------------------
-    def _find(self, st: GroupTopicState, handle: str, field_name: str) -> tuple[QueueState, int, str]:
+    def _check_handles(self, handles: list[str]) -> None:
+        """Refuse a malformed handle before any is settled: a 400 must leave no trace."""
+        for i, h in enumerate(handles):
+            self._parse_handle(h, f"receiptHandles[{i}]")
+
+    def _find(self, st: GroupTopicState, handle: str, field_name: str) -> _Found:
         epoch, qid, off, delivery = self._parse_handle(handle, field_name)
         qs = st.queues.get(qid)
-        if qs is None:  # well-formed, but no such queue (now): nothing in flight to settle
-            return QueueState(0, 0), off, "EXPIRED"
+        if qs is None or epoch != self.epoch:  # no such queue (now), or another master's handle
+            return _Found(qs or QueueState(0, 0), qid, off, delivery, "EXPIRED")
         fl = qs.inflight.get(off)
-        if epoch == self.epoch and fl is not None and fl.delivery_id == delivery:
-            return qs, off, "OK"
-        if epoch == self.epoch and fl is None and off < qs.read_ptr:
-            return qs, off, "ACKED"  # already settled: acking twice is harmless
-        return qs, off, "EXPIRED"
+        if fl is not None and fl.delivery_id == delivery:
+            return _Found(qs, qid, off, delivery, "OK")
+        if fl is None and qs.recent_acks.get(off) == delivery:
+            return _Found(qs, qid, off, delivery, "ACKED")  # this very handle was acked: harmless
+        return _Found(qs, qid, off, delivery, "EXPIRED")
 
     async def ack(self, group: str, topic: str, handles: list[str]) -> list[dict[str, Any]]:
         st = self._state(group, topic)
-        results = []
+        self._check_handles(handles)
+        statuses: list[str] = []
         settled: dict[int, list[int]] = {}
+        acked_now: dict[str, _Found] = {}
         for i, h in enumerate(handles):
-            qs, off, state = self._find(st, h, f"receiptHandles[{i}]")
-            if state == "OK":
-                del qs.inflight[off]
-                settled.setdefault(self._parse_handle(h, "receiptHandles")[1], []).append(off)
-            results.append({"receiptHandle": h, "status": "EXPIRED" if state == "EXPIRED" else "OK"})
+            if h in acked_now:  # the same handle twice in one request: one ack
+                statuses.append("OK")
+                continue
+            found = self._find(st, h, f"receiptHandles[{i}]")
+            if found.status == "OK":
+                del found.qs.inflight[found.offset]
+                settled.setdefault(found.queue_id, []).append(found.offset)
+                acked_now[h] = found
+            statuses.append("EXPIRED" if found.status == "EXPIRED" else "OK")
         await self._settle(group, topic, st, settled)
-        acked = sum(1 for r in results if r["status"] == "OK")
-        if acked:
-            self.ctx.metrics.acked.labels(group=group).inc(acked)
-        return results
+        # Only now (the ack is in the log) may a retry of these handles answer OK.
+        for found in acked_now.values():
+            found.qs.remember_ack(found.offset, found.delivery_id)
+        if acked_now:
+            self.ctx.metrics.acked.labels(group=group).inc(len(acked_now))
+        return [{"receiptHandle": h, "status": s} for h, s in zip(handles, statuses, strict=True)]
 
     async def nack(self, group: str, topic: str, handles: list[str]) -> list[dict[str, Any]]:
         st = self._state(group, topic)
+        self._check_handles(handles)
         results = []
         now = _now_ms()
         for i, h in enumerate(handles):
-            qs, off, state = self._find(st, h, f"receiptHandles[{i}]")
-            if state == "OK":
-                qs.inflight[off].invisible_until_ms = now  # visible again at once
-            results.append({"receiptHandle": h, "status": "OK" if state == "OK" else "EXPIRED"})
+            found = self._find(st, h, f"receiptHandles[{i}]")
+            if found.status == "OK":
+                found.qs.inflight[found.offset].invisible_until_ms = now  # visible again at once
+            results.append({"receiptHandle": h, "status": "OK" if found.status == "OK" else "EXPIRED"})
         return results
 
     async def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
         st = self._state(group, topic)
-        qs, off, state = self._find(st, handle, "receiptHandle")
-        if state != "OK":
+        found = self._find(st, handle, "receiptHandle")
+        if found.status != "OK":
             raise BrokerError(
                 BrokerCode.MESSAGE_NOT_FOUND,
                 "no message in flight for this receipt handle "
                 "(redelivered, settled, or issued by another master)",
                 field="receiptHandle",
             )
-        fl = qs.inflight[off]
+        fl = found.qs.inflight[found.offset]
         fl.invisible_until_ms = _now_ms() + invisible_ms
-        fl.delivery_id = self._next_delivery
-        self._next_delivery += 1
-        return self._handle(self._parse_handle(handle, "receiptHandle")[1], off, fl.delivery_id)
+        fl.delivery_id = self._new_delivery_id()
+        return self._handle(found.queue_id, found.offset, fl.delivery_id)
 
 
 def build_router(ctx: HttpContext) -> APIRouter:
@@ -370,6 +582,17 @@ def build_router(ctx: HttpContext) -> APIRouter:
     ctx.store.register_system_handler(SYS_POP_STATE, replica.apply_record)
     pop = PopService(ctx, replica)
     ctx.pop = pop  # type: ignore[attr-defined]  # exposed for metrics/tests
+    # A topic delete is applied by the dispatcher on every member, in log order (and again by the
+    # replay at start, where dropping errs towards a redelivery rather than a skipped message):
+    # chain onto the store's own hook so slaves and a later master forget the state too.
+    store_on_delete = ctx.store.topics.on_delete
+
+    def on_topic_deleted(topic: str) -> None:
+        if store_on_delete is not None:
+            store_on_delete(topic)
+        pop.drop_topic(topic)
+
+    ctx.store.topics.on_delete = on_topic_deleted
 
     def check(group: str, topic: str, request: Request) -> None:
         validate_topic(topic)
