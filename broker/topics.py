@@ -112,6 +112,10 @@ class TopicConfigManager:
         self._topics: dict[str, TopicConfig] = {}
         self._writer: RecordWriter | None = None
         self.on_delete: Callable[[str], None] | None = None  # the store drops the topic's queues
+        # topic -> log position of its last delete record: a message of the topic stored below it
+        # belongs to a deleted incarnation and is never dispatched again (a restart re-dispatches
+        # from the queue furthest behind, which may be before a delete and a re-creation).
+        self.deleted_at: dict[str, int] = {}
         self._creating: dict[str, asyncio.Future[TopicConfig]] = {}
 
     def set_writer(self, writer: RecordWriter) -> None:
@@ -174,13 +178,15 @@ class TopicConfigManager:
             raise BrokerError(BrokerCode.SERVICE_UNAVAILABLE, "topic store is not started")
         await self._writer(SYS_TOPIC_CONFIG, record)
 
-    def apply_record(self, record: dict[str, Any]) -> None:
-        """Apply a replicated topic record (dispatcher, on every member, in log order)."""
+    def apply_record(self, record: dict[str, Any], phys: int = -1) -> None:
+        """Apply a replicated topic record stored at log position `phys` (dispatcher, on every
+        member, in log order)."""
         topic = record.get("topic_name")
         if not isinstance(topic, str):
             log.error("event=bad_topic_record record=%r", record)
             return
         if record.get("deleted"):
+            self.deleted_at[topic] = max(self.deleted_at.get(topic, -1), phys)
             self._apply_delete(topic)
             return
         self._topics[topic] = TopicConfig(topic, int(record["read_queue_nums"]),

@@ -141,10 +141,11 @@ class DefaultMessageStore:
         self.reput_offset = 0  # everything below this commit-log offset is dispatched
         self.recovered_end = 0  # end of the furthest consume queue at start (all of it committed)
         self._system_handlers: dict[str, Callable[[dict[str, Any]], None]] = {
-            SYS_TOPIC_CONFIG: self.topics.apply_record,
+            SYS_TOPIC_CONFIG: lambda record: self.topics.apply_record(record, self.record_phys),
             SYS_CONSUMER_OFFSETS: self.offsets.apply_record,
             SYS_BROKER_MEMBERS: self._apply_member_record,
         }
+        self.record_phys = -1  # log position of the system record being applied
         self.topics.set_writer(self.append_system_record)
         self.topics.on_delete = self._drop_topic
         self.offsets.set_writer(self.append_system_record)
@@ -455,20 +456,24 @@ class DefaultMessageStore:
             name = self._topic_names[raw] = str(raw, "utf-8", "replace")
         return name
 
-    def dispatch(self, data: memoryview | bytes, phys: int) -> None:
-        """Dispatch one committed message (in log order) whose bytes start at `phys`."""
+    def dispatch(self, data: memoryview | bytes, phys: int) -> bool:
+        """Dispatch one committed message (in log order) whose bytes start at `phys`. False if it
+        was skipped: already dispatched, unreadable, or of a deleted incarnation of its topic."""
         if phys < self.reput_offset:
-            return  # already dispatched (replay after restart)
+            return False  # already dispatched (replay after restart)
         try:
             head, topic_at, props_at = parse_message(data, phys, check_crc=False)
         except BrokerError as exc:
             log.error("event=dispatch_skipped phys=%d reason=%s", phys, exc.detail)
             self.reput_offset = phys + max(len(data), 1)
-            return
+            return False
         size = head[0]
         queue_id = head[3]
         queue_offset = head[5]
         topic = self.topic_name(bytes(data[topic_at + 1:props_at]))
+        if phys < self.topics.deleted_at.get(topic, -1):
+            self.reput_offset = phys + size  # stored before the topic was deleted: not re-indexed
+            return False
         if head[6] != phys:
             log.error("event=phys_offset_mismatch stored=%d actual=%d topic=%s", head[6], phys, topic)
         props_raw = bytes(data[props_at + 2:size])
@@ -489,6 +494,7 @@ class DefaultMessageStore:
         handler = self._system_handlers.get(topic)
         if handler is not None and written:  # a unit already present was applied by the start-up replay
             try:
+                self.record_phys = phys
                 handler(orjson.loads(decode_message(data, phys).body))
             except (BrokerError, orjson.JSONDecodeError) as exc:
                 log.error("event=system_record_unreadable topic=%s phys=%d reason=%s", topic, phys, exc)
@@ -498,6 +504,7 @@ class DefaultMessageStore:
         ev = self._arrivals.pop(key, None)
         if ev is not None:
             ev.set()
+        return True
 
     def dispatch_packed(self, data: memoryview | bytes, base: int) -> None:
         """Dispatch, in order, the messages stored back to back in `data` (one committed DLedger
@@ -536,8 +543,7 @@ class DefaultMessageStore:
                 continue
             self._end_run(run_cq, first_qoff, units)
             run_sig, run_cq, units, next_qoff = b"", None, [], -1
-            self.dispatch(data[off:msg_end], phys)
-            if self.reput_offset == base + msg_end and body_len >= 0:  # dispatched, not skipped
+            if self.dispatch(data[off:msg_end], phys) and body_len >= 0:
                 raw = bytes(data[topic_at + 1:topic_at + 1 + data[topic_at]])
                 topic = self.topic_name(raw)
                 run_cq = self.consume_queues.get((topic, queue_id))
@@ -588,13 +594,15 @@ class DefaultMessageStore:
         return cq
 
     def _drop_topic(self, topic: str) -> None:
-        """A topic was deleted: drop its queues (not while replaying: they may be a later re-creation)."""
+        """A topic was deleted: drop its committed offsets and its queues. While replaying at start
+        the queues stay (those on disk may belong to a later re-creation); the offsets go, as the
+        records are replayed in log order and a re-creation's commits come after the delete."""
+        self.offsets.drop_topic(topic)
         if self._replaying:
             return
         for key in [k for k in self.consume_queues if k[0] == topic]:
             self.consume_queues.pop(key).destroy()
             self.queue_offset_table.pop(key, None)
-        self.offsets.drop_topic(topic)
 
     # ---- reading ------------------------------------------------------------------------------
 

@@ -75,13 +75,15 @@ def load_consume_queues(store: DefaultMessageStore) -> None:
 
 def replay_system_records(store: DefaultMessageStore) -> None:
     """Rebuild topics, offsets, members (and any registered state) from the system topics. A
-    record holding a "snapshot" key replaces its state, so replay starts at the last one (found
-    by reading the queue backwards)."""
+    record holding a "snapshot" key replaces its state, so each topic's replay starts at its last
+    one (found by reading the queue backwards). The records of all system topics are then applied
+    merged in log order, as the dispatcher applied them: a topic delete comes after the offsets
+    committed before it and before those committed to a re-creation of the topic."""
     store._replaying = True
     try:
+        merged: list[tuple[int, str, object]] = []
         for (topic, _), cq in sorted(store.consume_queues.items()):
-            handler = store._system_handlers.get(topic)
-            if handler is None:
+            if topic not in store._system_handlers:
                 continue
             records = []
             for off in range(cq.max_offset - 1, cq.min_offset - 1, -1):
@@ -93,12 +95,15 @@ def replay_system_records(store: DefaultMessageStore) -> None:
                 except (BrokerError, orjson.JSONDecodeError) as exc:
                     log.error("event=system_record_unreadable topic=%s phys=%d reason=%s", topic, phys, exc)
                     continue
-                records.append(record)
+                records.append((phys, topic, record))
                 if isinstance(record, dict) and "snapshot" in record:
                     break
-            for record in reversed(records):
-                handler(record)
+            merged += records
             log.info("event=system_records_replayed topic=%s records=%d", topic, len(records))
+        merged.sort(key=lambda r: r[0])
+        for phys, topic, record in merged:
+            store.record_phys = phys
+            store._system_handlers[topic](record)
     finally:
         store._replaying = False
 
