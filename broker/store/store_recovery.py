@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import time
+import zlib
 from typing import TYPE_CHECKING
 
 import orjson
@@ -24,14 +26,58 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker.store.message_store")
 
 
-def flush_queues(queues: list[ConsumeQueue]) -> None:
-    """fsync consume-queue files (worker thread); a queue deleted meanwhile is skipped."""
+def flush_queues(queues: list[ConsumeQueue], checkpoint: tuple[str, int] | None = None) -> None:
+    """fsync consume-queue files (worker thread); a queue deleted meanwhile is skipped. Then, if
+    every flush succeeded, persist `checkpoint` = (path, reput offset taken before the flush): all
+    units of messages below that offset are on disk."""
+    ok = True
     for cq in queues:
         try:
             cq.flush()
-        except (OSError, ValueError) as exc:
-            log.debug("event=cq_flush_skipped topic=%s queueId=%d reason=%s",
-                      cq.topic, cq.queue_id, exc)
+        except ValueError as exc:  # its map was closed: the queue was deleted meanwhile
+            log.debug("event=cq_flush_skipped topic=%s queueId=%d reason=%s", cq.topic, cq.queue_id, exc)
+        except OSError as exc:
+            ok = False
+            log.error("event=cq_flush_failed topic=%s queueId=%d error=%s", cq.topic, cq.queue_id, exc)
+    if ok and checkpoint is not None:
+        write_dispatch_checkpoint(*checkpoint)
+
+
+_CHECKPOINT = struct.Struct(">qI")  # reput offset, crc32 of those 8 bytes
+
+
+def write_dispatch_checkpoint(path: str, reput_offset: int) -> None:
+    """Atomically replace the dispatch checkpoint (worker thread)."""
+    head = struct.pack(">q", reput_offset)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(_CHECKPOINT.pack(reput_offset, zlib.crc32(head)))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:  # the next second tries again; restart then re-dispatches a little more
+        log.error("event=dispatch_checkpoint_failed path=%s error=%s", path, exc)
+
+
+def read_dispatch_checkpoint(path: str) -> int | None:
+    """The checkpointed reput offset, or None if there is none or it does not check out."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("event=dispatch_checkpoint_unreadable path=%s error=%s", path, exc)
+        return None
+    if len(raw) != _CHECKPOINT.size:
+        log.warning("event=dispatch_checkpoint_ignored path=%s reason=size %d", path, len(raw))
+        return None
+    offset, crc = _CHECKPOINT.unpack(raw)
+    if zlib.crc32(raw[:8]) != crc or offset < 0:
+        log.warning("event=dispatch_checkpoint_ignored path=%s reason=bad checksum", path)
+        return None
+    return offset
 
 
 def clean_expired(store: DefaultMessageStore) -> None:

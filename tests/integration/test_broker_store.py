@@ -360,6 +360,41 @@ async def test_a_deleted_topics_offsets_stay_deleted_after_restart(mode, tmp_pat
         await close_store(s)
 
 
+async def test_restart_resumes_dispatch_at_the_checkpoint_not_at_an_idle_queue(mode, tmp_path, caplog):
+    cfg = make_config(mode, tmp_path)
+    s = await open_store(cfg)
+    await s.put_messages("Idle", [Message("Idle", b"once")], 0)  # this queue's end stays here
+    for _ in range(20):
+        await s.put_messages("Busy", [Message("Busy", b"x" * 500) for _ in range(50)], 0)
+    end = s.reput_offset
+    await close_store(s)
+    with caplog.at_level("INFO", logger="broker.store.message_store"):
+        s = await open_store(cfg)
+    try:
+        resume = next(r.getMessage() for r in caplog.records if "event=dispatch_resume" in r.getMessage())
+        # A clean shutdown checkpoints the end: nothing is dispatched twice (it used to restart at
+        # the idle queue's end and re-read every message after it).
+        assert f"from={end} " in resume and f"checkpoint={end} " in resume
+        assert s.max_offset("Busy", 0) == 1000 and s.max_offset("Idle", 0) == 1
+    finally:
+        await close_store(s)
+
+
+def test_dispatch_checkpoint_torn_or_corrupt_is_ignored(tmp_path):
+    from broker.store.store_recovery import read_dispatch_checkpoint, write_dispatch_checkpoint
+
+    path = str(tmp_path / "dispatchcheckpoint")
+    assert read_dispatch_checkpoint(path) is None
+    write_dispatch_checkpoint(path, 123_456)
+    assert read_dispatch_checkpoint(path) == 123_456
+    raw = bytearray(open(path, "rb").read())
+    open(path, "wb").write(raw[:5])  # torn
+    assert read_dispatch_checkpoint(path) is None
+    raw[3] ^= 0x10  # a flipped bit: the checksum no longer matches
+    open(path, "wb").write(raw)
+    assert read_dispatch_checkpoint(path) is None
+
+
 async def test_offset_replay_starts_at_last_snapshot(mode, tmp_path, caplog):
     cfg = make_config(mode, tmp_path)
     s = await open_store(cfg)
