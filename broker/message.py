@@ -159,7 +159,11 @@ def properties_to_bytes(props: dict[str, str]) -> bytes:
                               f"property {k!r} contains a reserved separator (\\x01 or \\x02)",
                               field="properties")
         parts.append(f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}")
-    return "".join(parts).encode()
+    try:
+        return "".join(parts).encode()
+    except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 for it, so nothing to store
+        raise BrokerError(BrokerCode.MESSAGE_ILLEGAL, f"tags, keys or properties are not valid Unicode "
+                          f"text ({exc.reason} at {exc.start})", field="properties") from None
 
 
 def bytes_to_properties(raw: bytes | memoryview) -> dict[str, str]:

@@ -13,6 +13,7 @@ import pytest
 from broker.config import BrokerConfig
 from broker.errors import BrokerCode, BrokerError
 from broker.message import PHY_POS_POSITION, Message, decode_message
+from broker.store.store_recovery import write_dispatch_checkpoint
 from tests.integration.test_broker_store import free_port
 
 pytest.importorskip("dledger.rpc.tcp")
@@ -169,6 +170,10 @@ async def test_restart_redispatches_an_entry_its_queue_held_only_in_part(tmp_pat
         raw = bytearray(cq_file.read_bytes())
         raw[27 * 20:30 * 20] = bytes(3 * 20)
         cq_file.write_bytes(raw)
+        # As after a power loss: the dispatch checkpoint (written only after the queues' fsync)
+        # cannot cover units the queue lost; it was taken before the last batch.
+        write_dispatch_checkpoint(str(tmp_path / c.dleger_self_id / "dispatchcheckpoint"),
+                                  acked[25].commit_log_offset)
     ctls = [BrokerController(c) for c in confs]
     await asyncio.gather(*(c.start() for c in ctls))
     try:

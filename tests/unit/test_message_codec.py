@@ -112,6 +112,11 @@ def test_oversize_and_bad_properties_refused():
        qoff=st.integers(0, 2**62), phys=st.integers(0, 2**62))
 def test_round_trip_property(body, topic, tags, qoff, phys):
     m = Message(topic, body, tags=tags)
+    if tags is not None and any("\ud800" <= c <= "\udfff" for c in tags):
+        with pytest.raises(BrokerError) as ei:  # a lone surrogate has no UTF-8: refused, precisely
+            encode_message(m, queue_id=1, queue_offset=qoff, phys_offset=phys, store_host="127.0.0.1:1")
+        assert ei.value.code == BrokerCode.MESSAGE_ILLEGAL
+        return
     ext = decode_message(encode_message(m, queue_id=1, queue_offset=qoff, phys_offset=phys,
                                         store_host="127.0.0.1:1"))
     assert (ext.topic, ext.body, ext.tags) == (topic, body, tags)
