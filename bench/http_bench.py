@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "http_bench_single.json" if args.single else "http_bench.json"
+    name = "http_bench" + ("_single" if args.single else "") + ("_keyed" if args.keyed else "") + ".json"
     (RESULTS / name).write_text(json.dumps(report, indent=2))
     targets = {
         "produce_single": ("msgs_per_s", 5000),

@@ -6,11 +6,13 @@ Each process is started with its own log file; callers kill it by PID in fixture
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -150,6 +152,20 @@ def start_broker(
     if wait:
         wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
     return f"127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def namesrv_and_broker(
+    workdir: Path, name: str, src_conf: Path = CONF / "broker-single.conf", **overrides: str
+) -> Iterator[tuple[ProcessGroup, str, str]]:
+    """A name server and one broker from `src_conf` (default conf/broker-single.conf), stopped
+    by PID on exit; yields (group, namesrv host:port, broker host:port)."""
+    group = ProcessGroup(workdir)
+    try:
+        ns = start_namesrv(group, workdir)
+        yield group, ns, start_broker(group, workdir, src_conf, name, ns, **overrides)
+    finally:
+        group.stop_all()
 
 
 def start_dledger_set(

@@ -12,19 +12,15 @@ import pytest
 from client import Producer, PullConsumer
 from client.errors import TopicNotExistError
 from client.mqadmin import main as mqadmin
-from tests.integration._ledgermq_procs import CONF, ProcessGroup, start_broker, start_namesrv
+from tests.integration._ledgermq_procs import (
+    namesrv_and_broker,
+)
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("mqadmin")
-    group = ProcessGroup(workdir)
-    try:
-        ns = start_namesrv(group, workdir)
-        broker = start_broker(group, workdir, CONF / "broker-single.conf", "broker-s", ns)
+    with namesrv_and_broker(tmp_path_factory.mktemp("mqadmin"), "broker-s") as (_, ns, broker):
         yield {"ns": ns, "broker": broker}
-    finally:
-        group.stop_all()
 
 
 def admin(env, *args: str, as_json: bool = True):

@@ -11,23 +11,19 @@ import httpx
 import pytest
 
 from pipeline.binpull import PULL_BINARY_CONTENT_TYPE, decode_pull_page, parse_properties, split_keys
-from tests.integration._ledgermq_procs import CONF, ProcessGroup, start_broker, start_namesrv
+from tests.integration._ledgermq_procs import (
+    namesrv_and_broker,
+)
 
 BINARY = {"accept": PULL_BINARY_CONTENT_TYPE}
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("http-binary")
-    group = ProcessGroup(workdir)
-    try:
-        ns = start_namesrv(group, workdir)
-        addr = start_broker(
-            group, workdir, CONF / "broker-single.conf", "broker-b", ns, brokerSuspendMaxTimeMillis="5000"
-        )
+    with namesrv_and_broker(
+        tmp_path_factory.mktemp("http-binary"), "broker-b", brokerSuspendMaxTimeMillis="5000"
+    ) as (_, _, addr):
         yield f"http://{addr}"
-    finally:
-        group.stop_all()
 
 
 def _pull(url: str, topic: str, qid: int, **params) -> httpx.Response:

@@ -10,21 +10,14 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from tests.integration._ledgermq_procs import CONF, ProcessGroup, start_broker, start_namesrv, wait_http
+from tests.integration._ledgermq_procs import namesrv_and_broker, wait_http
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("http-edges")
-    group = ProcessGroup(workdir)
-    try:
-        ns = start_namesrv(group, workdir)
-        addr = start_broker(
-            group, workdir, CONF / "broker-single.conf", "broker-e", ns, registerNameServerPeriod="200"
-        )
+    with namesrv_and_broker(workdir, "broker-e", registerNameServerPeriod="200") as (_, ns, addr):
         yield {"url": f"http://{addr}", "addr": addr, "ns": f"http://{ns}", "log": workdir / "broker-e.log"}
-    finally:
-        group.stop_all()
 
 
 @pytest.mark.parametrize("topic", ["a%de", "%RETRY%cafe", "x%2Fy", "p%25"])
@@ -49,8 +42,9 @@ def raw_request(addr: str, head: bytes, body_chunks: list[bytes] = ()) -> tuple[
         while b"\r\n\r\n" not in data:
             data += s.recv(65536)
         headers, _, rest = data.partition(b"\r\n\r\n")
-        length = int(next(h for h in headers.split(b"\r\n") if h.lower().startswith(b"content-length"))
-                     .split(b":")[1])
+        length = int(
+            next(h for h in headers.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1]
+        )
         while len(rest) < length:
             rest += s.recv(65536)
     return int(headers.split(b" ")[1]), httpx.Response(200, content=rest).json()

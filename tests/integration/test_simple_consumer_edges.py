@@ -25,6 +25,7 @@ from broker.message import Message
 from tests.integration._ledgermq_procs import (
     CONF,
     ProcessGroup,
+    namesrv_and_broker,
     start_broker,
     start_dledger_set,
     start_namesrv,
@@ -38,15 +39,8 @@ DEADLINE_S = 15.0  # generous: a loaded 2-core machine; every wait below polls u
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory) -> Any:
     workdir = tmp_path_factory.mktemp("pop-edges")
-    group = ProcessGroup(workdir)
-    try:
-        ns = start_namesrv(group, workdir)
-        addr = start_broker(
-            group, workdir, CONF / "broker-single.conf", "broker-s", ns, maxReconsumeTimes="1"
-        )
+    with namesrv_and_broker(workdir, "broker-s", maxReconsumeTimes="1") as (_, _, addr):
         yield f"http://{addr}"
-    finally:
-        group.stop_all()
 
 
 def produce(url: str, topic: str, *bodies: str, queue_id: int = 0) -> None:
