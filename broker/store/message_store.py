@@ -48,7 +48,6 @@ from broker.message import (
     Message,
     MessageExt,
     bytes_to_properties,
-    create_message_id,
     decode_message,
     encode_batch,
     message_ext_from,
@@ -596,9 +595,9 @@ class DefaultMessageStore:
     def remember_idempotency(self, info: DispatchInfo) -> None:
         key = info.idempotency_key
         if key:
-            res = PutResult(create_message_id(info.store_host, info.phys_offset), info.queue_id,
-                            info.queue_offset, info.phys_offset, info.size)
-            self.idempotency.remember(info.topic, key, res, info.store_timestamp)
+            self.idempotency.remember_parts(info.topic, key, message_id_prefix(info.store_host),
+                                            info.queue_id, info.queue_offset, info.phys_offset,
+                                            info.size, info.store_timestamp)
 
     def _create_cq(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = ConsumeQueue(self.cq_root, topic, queue_id, self.config.mapped_file_size_consume_queue)

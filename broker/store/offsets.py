@@ -201,6 +201,15 @@ class IdempotencyTable:
 
     def remember(self, topic: str, key: str, result: PutResult, store_ts_ms: int) -> None:
         """Record the first result of a key (a later duplicate in the log never overwrites it)."""
+        # msgId = store host (16 hex digits: few distinct values) + the commit-log offset, as
+        # `create_message_id` makes it, so the offset part is not stored twice.
+        self.remember_parts(topic, key, result.msg_id[:16], result.queue_id, result.queue_offset,
+                            result.commit_log_offset, result.store_size, store_ts_ms)
+
+    def remember_parts(self, topic: str, key: str, id_prefix: str, queue_id: int, queue_offset: int,
+                       phys: int, size: int, store_ts_ms: int) -> None:
+        """`remember` from the parts of a result (the dispatcher has them; no PutResult or msgId
+        string is built for a key already held). `id_prefix`: `message_id_prefix(store host)`."""
         if self.window_ms <= 0:
             return
         k = _compact_key(key)
@@ -215,27 +224,21 @@ class IdempotencyTable:
         keys = bucket.get(topic)
         if keys is None:
             keys = bucket[topic] = {}
-        keys[k] = self._pack(result, store_ts_ms)
+        pid = self._prefix_ids.get(id_prefix)
+        if pid is None:
+            pid = self._prefix_ids[id_prefix] = len(self._prefixes)
+            self._prefixes.append(id_prefix)
+        keys[k] = (
+            (store_ts_ms & _TS_MASK)
+            | (queue_id & _U16) << 48
+            | (pid & _U16) << 64
+            | (size & _U32) << 80
+            | (queue_offset & _U64) << 112
+            | (phys & _U64) << 176
+        )
         self._size += 1
         if self._size > self.max_keys:
             self._evict_oldest()
-
-    def _pack(self, r: PutResult, ts: int) -> int:
-        # msgId = store host (16 hex digits: few distinct values) + the commit-log offset, as
-        # `create_message_id` makes it, so the offset part is not stored twice.
-        prefix = r.msg_id[:16]
-        pid = self._prefix_ids.get(prefix)
-        if pid is None:
-            pid = self._prefix_ids[prefix] = len(self._prefixes)
-            self._prefixes.append(prefix)
-        return (
-            (ts & _TS_MASK)
-            | (r.queue_id & _U16) << 48
-            | (pid & _U16) << 64
-            | (r.store_size & _U32) << 80
-            | (r.queue_offset & _U64) << 112
-            | (r.commit_log_offset & _U64) << 176
-        )
 
     def _unpack(self, v: int) -> PutResult:
         phys = v >> 176
