@@ -43,9 +43,17 @@ def test_idempotency_buckets_expire_whole_and_replay_out_of_order():
         t.remember("T", f"k{ts}", _put(ts), store_ts_ms=ts)
     assert len(t) == 4 and t.get("T", "k1200", now_ms=9_000) == _put(1_200)
     assert t.get("T", "k1200", now_ms=9_201) is None  # older than the window: never answered
-    t.remember("T", "late", _put(1), store_ts_ms=10_100)  # a new bucket drops those wholly past it
-    assert sorted(e[1] for e in t.entries()) == ["k3100", "k5500", "late"]
-    assert len(t) == 3
+    t.remember("T", "late", _put(1), store_ts_ms=10_100)
+    assert len(t) == 5  # their bucket holds a key of 5,500: kept until that one is past the window
+    t.remember("T", "later", _put(2), store_ts_ms=13_600)  # now the whole bucket is
+    assert sorted(e[1] for e in t.entries()) == ["late", "later"] and len(t) == 2
+
+
+def test_idempotency_buckets_are_bounded_by_count_too():
+    t = IdempotencyTable(window_ms=600_000, max_keys=160)  # buckets of at most 10 keys
+    for n in range(35):
+        t.remember("T", f"k{n}", _put(n), store_ts_ms=1_000)  # one instant: only the count splits
+    assert [b.count for b in t._buckets] == [10, 10, 10, 5]
 
 
 def test_idempotency_max_keys_evicts_the_oldest_first():
