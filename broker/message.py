@@ -281,6 +281,35 @@ def plain_tail_signature(topic_raw: bytes) -> tuple[bytes, int]:
     return sig, 1 + len(topic_raw) + 2 + _UNIQ_ONLY_LEN
 
 
+_KEYED_HEAD = f"{PROPERTY_IDEMPOTENCY_KEY}{NAME_VALUE_SEPARATOR}".encode()
+_KEYED_UNIQ = (PROPERTY_SEPARATOR + PROPERTY_UNIQ_KEY + NAME_VALUE_SEPARATOR).encode()
+_KEYED_TAIL_LEN = len(_KEYED_UNIQ) + 32 + 1  # \x02UNIQ_KEY\x01, 32 hex digits, \x02
+
+
+def keyed_plain_key(data: bytes | memoryview, topic_at: int, msg_end: int, topic_field: bytes) -> str | None:
+    """The idempotency key of the message ending at `msg_end` whose topic field (length byte and
+    name) is at `topic_at`, if that field is `topic_field` and the message's only properties are
+    IDEMPOTENCY_KEY then UNIQ_KEY, as `encode_message` writes them for a message with just a key
+    (the SDK's shape); else None. Exactly two of each separator, so `bytes_to_properties` would
+    read the same key."""
+    tf_end = topic_at + len(topic_field)
+    props_at = tf_end + 2
+    if data[topic_at:tf_end] != topic_field or _SHORT.unpack_from(data, tf_end)[0] != msg_end - props_at:
+        return None
+    props = bytes(data[props_at:msg_end])
+    key_end = len(props) - _KEYED_TAIL_LEN
+    if (
+        key_end <= len(_KEYED_HEAD)
+        or not props.startswith(_KEYED_HEAD)
+        or props[key_end:key_end + len(_KEYED_UNIQ)] != _KEYED_UNIQ
+        or props.count(b"\x01") != 2
+        or props.count(b"\x02") != 2
+        or props[-1] != 2
+    ):
+        return None
+    return str(props[len(_KEYED_HEAD):key_end], "utf-8", "replace")
+
+
 @functools.lru_cache(maxsize=4096)
 def _topic_field(topic: str) -> bytes:
     """TOPIC as stored (length byte + UTF-8), cached per topic; INVALID_TOPIC outside 1-127 bytes."""

@@ -39,6 +39,7 @@ _MESSAGE_FIELDS = frozenset(
 MAX_TAGS_LENGTH = 255
 MAX_KEY_LENGTH = 255
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+_SDK_FIELDS = frozenset({"body", "bodyEncoding", "idempotencyKey"})
 RESERVED_PROPERTIES = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_IDEMPOTENCY_KEY})
 
 
@@ -70,6 +71,16 @@ async def read_body(request: Request, limit_bytes: int) -> bytes:
     except ClientDisconnect:
         raise invalid("body", "client disconnected while sending the body") from None
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _plain_key(value: Any) -> bool:
+    """An idempotency key `_opt_str` would accept as it is."""
+    return (
+        type(value) is str
+        and len(value) <= MAX_IDEMPOTENCY_KEY_LENGTH
+        and "\x01" not in value
+        and "\x02" not in value
+    )
 
 
 def _opt_str(doc: dict[str, Any], key: str, where: str, max_len: int) -> str | None:
@@ -159,8 +170,14 @@ def parse_produce_json(
     msgs: list[Message] = []
     queues: list[int | None] = []
     for i, item in enumerate(items):
-        if type(item) is dict and len(item) == 1 and type(item.get("body")) is str:
-            # The common bulk shape {"body": "..."}: nothing else to validate.
+        if type(item) is dict and type(item.get("body")) is str and (
+            len(item) == 1 or (item.keys() <= _SDK_FIELDS and item.get("bodyEncoding", "utf-8") == "utf-8")
+        ):
+            # The common bulk shapes: {"body": "..."}, and the SDK's, with bodyEncoding utf-8 and
+            # an idempotency key. The key gets `_opt_str`'s checks; it names the error if any.
+            idem = item.get("idempotencyKey")
+            if idem is not None and not _plain_key(idem):
+                idem = _opt_str(item, "idempotencyKey", f"messages[{i}]", MAX_IDEMPOTENCY_KEY_LENGTH)
             data = item["body"].encode("utf-8")
             if len(data) > max_message_size:
                 raise BrokerError(
@@ -169,7 +186,7 @@ def parse_produce_json(
                     field=f"messages[{i}].body",
                     limit=max_message_size,
                 )
-            msgs.append(Message(topic, data, None, None, None, 0, None, now, born_host))
+            msgs.append(Message(topic, data, None, None, None, 0, idem, now, born_host))
             queues.append(None)
             continue
         where = f"messages[{i}]"

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from broker.config import BrokerConfig
-from broker.message import Message, encode_batch, encode_message
+from broker.message import Message, encode_batch, encode_message, keyed_plain_key
 from broker.store.message_store import DefaultMessageStore
 
 HOST = "127.0.0.1:10911"
@@ -28,9 +28,14 @@ def random_entry(rng: random.Random, base: int, next_qoff: dict) -> list[tuple[b
             qid = rng.randrange(3)
         key = (topic, qid)
         qoff = next_qoff.get(key, 0)
-        if rng.random() < 0.7:  # the bulk shape: only a UNIQ_KEY
+        shape = rng.random()
+        if shape < 0.5:  # the bulk shape: only a UNIQ_KEY
             buf = encode_batch([Message(topic, rng.randbytes(rng.randrange(0, 300)))], queue_id=qid,
                                store_host=HOST)[0]
+        elif shape < 0.75:  # the SDK's shape: UNIQ_KEY and an idempotency key
+            idem = rng.choice([rng.randbytes(16).hex(), f"é/{rng.random()}", "k" * rng.randrange(1, 200)])
+            msg = Message(topic, rng.randbytes(rng.randrange(0, 300)), idempotency_key=idem)
+            buf = encode_batch([msg], queue_id=qid, store_host=rng.choice([HOST, "10.0.0.7:8080"]))[0]
         else:
             msg = Message(topic, b"special", tags=rng.choice([None, "TagA"]),
                           idempotency_key=rng.choice([None, f"idem-{rng.random()}"]),
@@ -85,3 +90,21 @@ async def test_packed_equals_one_by_one(tmp_path, seed):
     finally:
         await packed.shutdown()
         await single.shutdown()
+
+
+def test_keyed_plain_key_reads_only_the_sdk_shape():
+    def stored(msg: Message) -> bytes:
+        return bytes(encode_message(msg, queue_id=0, queue_offset=0, phys_offset=0, store_host=HOST))
+
+    def key_of(buf: bytes, topic: str = "T1") -> str | None:
+        topic_at = 84 + 4 + int.from_bytes(buf[84:88], "big")
+        field = bytes([len(topic)]) + topic.encode()
+        return keyed_plain_key(buf, topic_at, len(buf), field)
+
+    assert key_of(stored(Message("T1", b"x", idempotency_key="k-1"))) == "k-1"
+    assert key_of(stored(Message("T1", b"x", idempotency_key="ключ"))) == "ключ"
+    assert key_of(stored(Message("T1", b"x", idempotency_key="k-1")), topic="T2") is None
+    assert key_of(stored(Message("T1", b"x"))) is None  # plain: no key
+    assert key_of(stored(Message("T1", b"x", tags="a", idempotency_key="k"))) is None
+    assert key_of(stored(Message("T1", b"x", properties={"p": "v"}, idempotency_key="k"))) is None
+
