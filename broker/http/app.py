@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from broker.http import admin, messages, simple_consumer
+from broker.http import admin, consumers, messages
 from broker.http.acl import AclAuthMiddleware
 from broker.http.context import HttpContext
 from broker.http.hot import HotHandlers, HotPath
@@ -79,7 +79,7 @@ def create_app(controller: Any) -> FastAPI:
     handlers = HotHandlers(ctx)
     app.hot_path = HotPath(ctx, handlers)
     app.include_router(messages.build_router(ctx, handlers))
-    app.include_router(simple_consumer.build_router(ctx))
+    app.include_router(consumers.build_router(ctx))
     app.include_router(admin.build_router(ctx))
     ctx.metrics.registry.register(
         BrokerStateCollector(ctx.config.broker_name, lambda: _state_for_metrics(ctx))
