@@ -179,8 +179,8 @@ class PopService:
         committed = store.offsets.query(group, topic, queue_id)
         lo, hi = store.min_offset(topic, queue_id), store.max_offset(topic, queue_id)
         if committed > hi:
-            # Past the end: left by an earlier topic of this name (a delete's drop is not
-            # replayed at start). Start over at the min offset; the next settle overwrites it.
+            # Past the end: left by an earlier topic of this name. The delete drops it (also in
+            # the replay at start); this is the backstop. Start over at the min offset.
             log.warning(
                 "event=pop_state_stale group=%s topic=%s queueId=%d committed=%d maxOffset=%d",
                 group,

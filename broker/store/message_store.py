@@ -226,7 +226,7 @@ class DefaultMessageStore:
         self._dispatch_waiters.clear()
         queues = list(self.consume_queues.values())
         store_recovery.flush_queues(queues, (self.checkpoint_path, self.reput_offset))
-        for cq in self.consume_queues.values():
+        for cq in queues:
             cq.close()
         log.info("event=store_shutdown broker=%s reput_offset=%d", self.config.broker_name, self.reput_offset)
 

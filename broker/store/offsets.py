@@ -178,7 +178,7 @@ class IdempotencyTable:
     once its newest key is older than the window, or as the oldest when the table is full (so no
     dict is ever left holding the holes of deleted keys). A result is one packed int (the msgId's
     host prefix is interned), a 32-digit hex key its int: ~133 bytes per key (tracemalloc) where a
-    tuple of objects took ~570, ~190 of resident memory at 1,000,000 keys."""
+    tuple of objects took ~570; ~150 of resident memory in steady state (149 MB at 1,000,000 keys)."""
 
     BUCKETS_PER_WINDOW = 8
     BUCKETS_PER_MAX_KEYS = 16

@@ -48,11 +48,10 @@ _CHECKPOINT = struct.Struct(">qI")  # reput offset, crc32 of those 8 bytes
 
 def write_dispatch_checkpoint(path: str, reput_offset: int) -> None:
     """Atomically replace the dispatch checkpoint (worker thread)."""
-    head = struct.pack(">q", reput_offset)
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:
-            f.write(_CHECKPOINT.pack(reput_offset, zlib.crc32(head)))
+            f.write(_CHECKPOINT.pack(reput_offset, zlib.crc32(reput_offset.to_bytes(8, "big", signed=True))))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
