@@ -59,7 +59,11 @@ def problem_body(code: str, detail: str, status: int | None = None, **extra: Any
 
 
 class LedgerMQError(Exception):
-    """Any failure reported by a LedgerMQ server (or reaching it). `problem` is the decoded body."""
+    """Any failure reported by a LedgerMQ server (or reaching it). `problem` is the decoded body.
+
+    What a caller may safely do after a failed send depends on the class (README, "When a send
+    fails"): a refusal (4xx, `NotMasterError`, `DiskFullError`) or `BrokerUnreachableError` means
+    nothing was stored; `SendOutcomeUnknownError` means it may have been, and says where."""
 
     code = "INTERNAL_ERROR"
     retryable = False
@@ -72,7 +76,8 @@ class LedgerMQError(Exception):
 
 
 class BadRequestError(LedgerMQError):
-    """4xx caused by the request itself; retrying the same request will not help."""
+    """4xx caused by the request itself; nothing was stored. Retrying the same request will not
+    help: fix it (`field` names the offending input)."""
 
     code = "INVALID_REQUEST"
 
@@ -108,6 +113,8 @@ class MessageTooLargeError(BadRequestError):
 
 
 class NotFoundError(LedgerMQError):
+    """404: the topic, queue, group or message does not exist (a produce refused so stored nothing)."""
+
     code = "NOT_FOUND"
 
 
@@ -124,15 +131,21 @@ class MessageNotFoundError(NotFoundError):
 
 
 class UnauthorizedError(LedgerMQError):
+    """401: no or an unknown token; refused before anything was read. Fix the token."""
+
     code = "UNAUTHORIZED"
 
 
 class ForbiddenError(LedgerMQError):
+    """403: the token (or the topic's perm) does not allow this; refused, nothing stored."""
+
     code = "FORBIDDEN"
 
 
 class NotMasterError(LedgerMQError):
-    """The broker is a slave (or candidate); `master_addr` names the master when known."""
+    """The broker is a slave (or candidate) and refused the write; `master_addr` names the master
+    when known. Nothing was stored by the refused request. Raised by a producer only when no
+    attempt of the send may have reached a broker: the message can be sent again anywhere."""
 
     code = "NOT_MASTER"
     retryable = True
@@ -143,29 +156,81 @@ class NotMasterError(LedgerMQError):
 
 
 class ServerError(LedgerMQError):
+    """5xx, or an answer the SDK could not read. For a write, the outcome is unknown (the
+    producers report such a send as `SendOutcomeUnknownError`)."""
+
     code = "INTERNAL_ERROR"
 
 
 class ServiceUnavailableError(ServerError):
+    """503: the broker is starting, stopping or overloaded. Retry later; for a write, with the same
+    idempotency key at the same broker set (a member stopping may have committed it)."""
+
     code = "SERVICE_UNAVAILABLE"
     retryable = True
 
 
 class DiskFullError(ServerError):
+    """507: the broker set's store refused the append before writing: nothing stored."""
+
     code = "DISK_FULL"
 
 
 class OutcomeUnknownError(ServerError):
     """The request may or may not have taken effect (Jepsen's `:info`): timed out after append,
     before commit, or the connection broke after the request was sent. Retry with the same
-    idempotency key to learn the outcome without storing twice."""
+    idempotency key at the same broker set to learn the outcome without storing twice."""
 
     code = "TIMEOUT"
     retryable = True
 
 
+class SendOutcomeUnknownError(OutcomeUnknownError):
+    """A send failed after at least one attempt may have reached broker set `broker_name`
+    (a timeout, a connection broken after the request was written, a 5xx), whatever the later
+    attempts saw: the messages may be stored there, once.
+
+    Safe: send them again to the same set with the same keys, before the broker's idempotency
+    window (`idempotencyWindowMs`, 5 min) ends — `producer.send_batch(err.topic, err.messages,
+    broker_name=err.broker_name)` — which answers the first results if they were stored and stores
+    them once otherwise. Not safe: sending them to another set, or with new keys (a second
+    copy if the first was stored). `messages` carry the keys and queue ids they were sent with;
+    `cause` is the last attempt's error."""
+
+    code = "SEND_OUTCOME_UNKNOWN"
+    retryable = True
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        topic: str,
+        broker_name: str,
+        messages: list[Any],
+        cause: LedgerMQError,
+    ) -> None:
+        super().__init__(detail, status=cause.status, problem=cause.problem)
+        self.topic = topic
+        self.broker_name = broker_name
+        self.messages = messages
+        self.cause = cause
+
+    @property
+    def idempotency_keys(self) -> list[str]:
+        """The keys of the send's messages, in order."""
+        return [m.idempotency_key for m in self.messages]
+
+    @property
+    def idempotency_key(self) -> str:
+        """The key of the first (for `send`: the only) message."""
+        return self.messages[0].idempotency_key
+
+
 class BrokerUnreachableError(LedgerMQError):
-    """No broker or name server answered (connection refused, reset, DNS)."""
+    """No broker or name server answered: every connection failed before any byte of the request
+    was sent (refused, reset or timed out while connecting, no address). Nothing reached a server.
+    A producer raises it for a send only when no attempt of it may have reached a broker, so the
+    message can be sent again anywhere, even to another broker set or with a new key."""
 
     code = "UNREACHABLE"
     retryable = True

@@ -9,6 +9,10 @@ answers a retried key with the original result instead of storing it twice. This
 master failover because the key table is rebuilt from the replicated log. Retries happen on
 NOT_MASTER (to the named master, or after a route refresh), connection errors, 503 and 504
 (outcome unknown), until `send_timeout_s` has passed.
+
+A send whose attempts may have reached a broker (`client.outcome`) and then failed is reported as
+`SendOutcomeUnknownError` naming the set, never as unreachable or refused: only the caller can
+then decide to resend it there with the same keys.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.errors import LedgerMQError, NotMasterError, TopicNotExistError
+from client.errors import LedgerMQError, NotMasterError, SendOutcomeUnknownError, TopicNotExistError
+from client.outcome import Delivery, delivery_of
 from client.transport import (
     PERM_WRITE,
     AsyncTransport,
@@ -118,18 +123,33 @@ class AsyncProducer:
         """Close the HTTP connections."""
         await self.transport.aclose()
 
-    async def send(self, topic: str, message: Message | bytes | str, **kw: Any) -> SendResult:
-        """Send one message; keyword args (tags, keys, properties, queue_id) override the
-        message's fields for this send (the caller's `Message` is not changed)."""
+    async def send(
+        self, topic: str, message: Message | bytes | str, *, broker_name: str | None = None, **kw: Any
+    ) -> SendResult:
+        """Send one message; keyword args (tags, keys, properties, queue_id, idempotency_key)
+        override the message's fields for this send (the caller's `Message` is not changed).
+        `broker_name` sends to that broker set (e.g. to resend after `SendOutcomeUnknownError`)."""
         msg = _as_message(message)
         if kw:
             msg = dataclasses.replace(msg, **kw)
-        return (await self.send_batch(topic, [msg]))[0]
+        return (await self.send_batch(topic, [msg], broker_name=broker_name))[0]
 
-    async def send_batch(self, topic: str, messages: Iterable[Message | bytes | str]) -> list[SendResult]:
+    async def send_batch(
+        self,
+        topic: str,
+        messages: Iterable[Message | bytes | str],
+        *,
+        broker_name: str | None = None,
+    ) -> list[SendResult]:
         """Send messages in one request to one broker set, stored in order. A message with a
         `queue_id` goes to that queue; the others go together to the queue picked for the batch
-        (so a batch without queue ids is stored contiguously in one queue)."""
+        (so a batch without queue ids is stored contiguously in one queue). `broker_name` picks
+        the set (default: the next writable set in turn).
+
+        Raises, when every retry until `send_timeout_s` failed: `SendOutcomeUnknownError` if any
+        attempt may have reached the set (it names the set and keeps the keys: resend them
+        there); otherwise the last refusal (`NotMasterError`, `BrokerUnreachableError`, a 4xx
+        error, `DiskFullError`), which means nothing of this send was stored."""
         msgs = [_as_message(m) for m in messages]
         if not msgs:
             return []
@@ -138,12 +158,17 @@ class AsyncProducer:
             doc.setdefault("idempotencyKey", uuid.uuid4().hex)
         pinned = [m.queue_id for m in msgs if m.queue_id is not None]
         route = await self.routes.get(topic)
-        broker, queue_id = self._select(route.brokers, max(pinned) + 1 if pinned else 0, topic)
+        brokers = route.brokers
+        if broker_name is not None:
+            brokers = [b for b in route.brokers if b.broker_name == broker_name]
+            if not brokers:
+                raise TopicNotExistError(f"broker set {broker_name!r} does not hold topic {topic!r}")
+        broker, queue_id = self._select(brokers, max(pinned) + 1 if pinned else 0, topic)
         if queue_id is not None:
             for m, doc in zip(msgs, docs, strict=True):
                 if m.queue_id is None:
                     doc["queueId"] = queue_id
-        return await self._send_with_retry(topic, broker.broker_name, {"messages": docs})
+        return await self._send_with_retry(topic, broker.broker_name, msgs, docs)
 
     def _select(
         self, brokers: list[BrokerSetRoute], min_queues: int, topic: str
@@ -165,30 +190,48 @@ class AsyncProducer:
         return pairs[next(self._counter) % len(pairs)]
 
     async def _send_with_retry(
-        self, topic: str, broker_name: str, payload: dict[str, Any]
+        self, topic: str, broker_name: str, msgs: list[Message], docs: list[dict[str, Any]]
     ) -> list[SendResult]:
+        """POST the messages to the set's master, retrying with the same keys until
+        `send_timeout_s`. Once an attempt may have reached the set, the final error is a
+        `SendOutcomeUnknownError`, whatever later attempts saw (a dead set refuses connections:
+        that says nothing about the request already sent)."""
+        payload = {"messages": docs}
         deadline = time.monotonic() + self.send_timeout_s
         hint: str | None = None
         delay = 0.05
         attempt = 0
+        maybe_reached: LedgerMQError | None = None
+        path = f"/topics/{seg(topic)}/messages"
         while True:
-            url: str | None = hint
-            if url is None:
-                route = await self.routes.get(topic, refresh=attempt > 0)
-                broker = route.broker(broker_name)
-                url = broker.master_url if broker else None
             try:
+                url: str | None = hint
+                if url is None:
+                    route = await self.routes.get(topic, refresh=attempt > 0)
+                    broker = route.broker(broker_name)
+                    url = broker.master_url if broker else None
                 if url is None:
                     raise NotMasterError(f"broker set {broker_name} has no master in the route")
-                path = f"/topics/{seg(topic)}/messages"
                 doc = await self.transport.request("POST", url + path, json=payload)
                 return [
                     SendResult(r["msgId"], r["queueId"], r["queueOffset"], r["commitLogOffset"], broker_name)
                     for r in doc["results"]
                 ]
             except LedgerMQError as exc:
+                if maybe_reached is None and delivery_of(exc) is Delivery.MAYBE:
+                    maybe_reached = exc
                 if not exc.retryable or time.monotonic() + delay > deadline:
-                    raise
+                    if maybe_reached is None:
+                        raise
+                    raise SendOutcomeUnknownError(
+                        f"send to broker set {broker_name} failed after {attempt + 1} attempts; "
+                        f"attempt outcome unknown since {maybe_reached.code} ({maybe_reached.detail}); "
+                        f"last: {exc.code} ({exc.detail})",
+                        topic=topic,
+                        broker_name=broker_name,
+                        messages=_as_sent(msgs, docs),
+                        cause=exc,
+                    ) from exc
                 hint = (
                     base_url(exc.master_addr) if isinstance(exc, NotMasterError) and exc.master_addr else None
                 )
@@ -205,6 +248,14 @@ class AsyncProducer:
             delay = min(delay * 2, 0.5)
 
 
+def _as_sent(msgs: list[Message], docs: list[dict[str, Any]]) -> list[Message]:
+    """The messages with the idempotency keys and queue ids they were sent with."""
+    return [
+        dataclasses.replace(m, idempotency_key=d["idempotencyKey"], queue_id=d.get("queueId"))
+        for m, d in zip(msgs, docs, strict=True)
+    ]
+
+
 class Producer:
     """Blocking producer: the same as `AsyncProducer`, run on a private event loop. Do not use it
     from inside a running event loop (use AsyncProducer there)."""
@@ -213,13 +264,17 @@ class Producer:
         self._runner = asyncio.Runner()
         self._p: AsyncProducer = self._runner.run(_make(AsyncProducer, namesrv_addr, **kw))
 
-    def send(self, topic: str, message: Message | bytes | str, **kw: Any) -> SendResult:
+    def send(
+        self, topic: str, message: Message | bytes | str, *, broker_name: str | None = None, **kw: Any
+    ) -> SendResult:
         """See `AsyncProducer.send`."""
-        return self._runner.run(self._p.send(topic, message, **kw))
+        return self._runner.run(self._p.send(topic, message, broker_name=broker_name, **kw))
 
-    def send_batch(self, topic: str, messages: Iterable[Message | bytes | str]) -> list[SendResult]:
+    def send_batch(
+        self, topic: str, messages: Iterable[Message | bytes | str], *, broker_name: str | None = None
+    ) -> list[SendResult]:
         """See `AsyncProducer.send_batch`."""
-        return self._runner.run(self._p.send_batch(topic, list(messages)))
+        return self._runner.run(self._p.send_batch(topic, list(messages), broker_name=broker_name))
 
     @property
     def retries(self) -> int:

@@ -16,11 +16,11 @@ import orjson
 from client.errors import (
     BrokerUnreachableError,
     LedgerMQError,
-    OutcomeUnknownError,
     ServerError,
     TopicNotExistError,
     error_from_problem,
 )
+from client.outcome import transport_error
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +83,9 @@ class AsyncTransport:
                 headers=hdrs,
                 timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
             )
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            # Nothing reached the server: safe to retry anywhere.
-            raise BrokerUnreachableError(f"{method} {url}: {exc!r}") from exc
         except httpx.TransportError as exc:
-            # The request may have been received: the outcome is unknown.
-            raise OutcomeUnknownError(f"{method} {url}: {exc!r}") from exc
+            # By the phase it failed in: unreachable (nothing sent) or outcome unknown.
+            raise transport_error(exc, f"{method} {url}") from exc
         if resp.status_code >= 400:
             try:
                 body = orjson.loads(resp.content)

@@ -31,6 +31,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
+from client.outcome import Delivery, RequestPhase, delivery_of_answer, phase_of
 from pipeline.routes import (
     PERM_WRITE,
     BrokerSet,
@@ -103,7 +104,14 @@ class SinkOptions:
 
 
 class _Producer:
-    """Produces one task's rows with idempotency keys; owns an HTTP client for the task's lifetime."""
+    """Produces one task's rows with idempotency keys; owns an HTTP client for the task's lifetime.
+
+    A task writes to one broker set, its "home" (``partition % number of sets`` in the route, so a
+    replayed task finds the same one), and never leaves it: the broker drops a repeated key only
+    within one set, so once an attempt may have stored a batch there, only that set can be asked
+    again. Whether an attempt may have stored it follows the SDK's classification
+    (``client.outcome``): a refused connection never did, a request written and not answered,
+    a 504 or another 5xx may have."""
 
     def __init__(self, opts: SinkOptions, key_prefix: str, partition_id: int) -> None:
         self.opts = opts
@@ -111,32 +119,55 @@ class _Producer:
         self.partition_id = partition_id
         self.http = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
         self.resolver = RouteResolver(opts.namesrv_addrs, opts.broker_addrs)
-        self.targets: dict[str, list[str]] = {}  # topic → candidate addresses, preferred first
+        self.homes: dict[str, BrokerSet] = {}  # topic → this task's broker set
 
     def close(self) -> None:
         self.http.close()
         self.resolver.close()
 
-    def _target_addrs(self, topic: str, refresh: bool = False) -> list[str]:
-        if refresh or topic not in self.targets:
-            sets = [s for s in self.resolver.broker_sets(topic) if s.perm & PERM_WRITE]
-            if not sets and self.opts.broker_addrs:
-                sets = self.resolver._static_sets()
+    def _writable_sets(self, topic: str) -> list[BrokerSet]:
+        sets = [s for s in self.resolver.broker_sets(topic) if s.perm & PERM_WRITE]
+        if not sets and self.opts.broker_addrs:
+            sets = self.resolver._static_sets()
+        return sets
+
+    def _home(self, topic: str, refresh: bool = False) -> BrokerSet:
+        """The task's broker set for ``topic``; ``refresh`` re-reads its members' addresses (a new
+        master), keeping the set even if the route no longer lists it."""
+        home = self.homes.get(topic)
+        if home is not None and not refresh:
+            return home
+        try:
+            sets = self._writable_sets(topic)
+        except LedgerMQError:
+            if home is not None:
+                return home  # name server unreachable: keep the addresses we have
+            raise
+        if home is None:
             if not sets:
                 raise LedgerMQError(
                     f"ledgermq sink: topic {topic!r} has no writable broker", code="TOPIC_NOT_EXIST"
                 )
-            # The same partition always writes to the same broker set: the dedup window is per set.
-            chosen: BrokerSet = sets[self.partition_id % len(sets)]
-            self.targets[topic] = list(chosen.addrs)
-        return self.targets[topic]
+            home = sets[self.partition_id % len(sets)]
+        else:
+            home = next((s for s in sets if s.broker_name == home.broker_name), home)
+        self.homes[topic] = home
+        return home
 
     def produce(self, topic: str, messages: list[dict]) -> int:
-        """POST one batch (retrying safely: every message has its idempotency key). Returns requests made."""
+        """POST one batch to the task's broker set, retrying with the same keys (safe: the set
+        stores each key once) until ``produceTimeoutMs``. Returns the requests made.
+
+        Fails with a ``LedgerMQError`` whose ``code`` is ``SEND_OUTCOME_UNKNOWN`` when an attempt
+        may have stored the batch (a replay of the task re-sends the same keys to the same set and
+        stores each row once), else with the last refusal's code (nothing of the batch stored)."""
         body = orjson.dumps({"messages": messages})
         deadline = time.monotonic() + self.opts.produce_timeout_ms / 1000.0
-        addrs = self._target_addrs(topic)
-        attempt, last = 0, None
+        home = self._home(topic)
+        addrs = list(home.addrs)
+        attempt = 0
+        last: LedgerMQError | None = None
+        maybe: LedgerMQError | None = None  # the first attempt that may have stored the batch
         while True:
             addr = addrs[0]
             try:
@@ -145,31 +176,65 @@ class _Producer:
                     content=body,
                     headers={"content-type": "application/json"},
                 )
+            except httpx.TransportError as exc:
+                phase = phase_of(exc)
+                last = LedgerMQError(
+                    f"produce to {topic} at {addr}: {exc!r} (failed in phase {phase})",
+                    code="UNREACHABLE" if phase is RequestPhase.CONNECT else "TIMEOUT",
+                )
+                maybe = maybe or (None if phase is RequestPhase.CONNECT else last)
+                addrs = self._next_addrs(topic, addrs, attempt)
+            else:
                 if resp.status_code == 200:
                     return attempt + 1
-                err = problem_of(resp, f"produce to {topic} at {addr}")
-                if err.code not in _RETRYABLE_CODES and resp.status_code not in (502, 503, 504):
-                    raise err
-                last = err
-                master = err.body.get("masterAddr")
-                if err.code == "NOT_MASTER" and master:
+                last = problem_of(resp, f"produce to {topic} at {addr}")
+                if delivery_of_answer(resp.status_code, last.body) is Delivery.MAYBE:
+                    maybe = maybe or last
+                if last.code not in _RETRYABLE_CODES and resp.status_code not in (502, 503, 504):
+                    raise self._failure(topic, home, messages, last, maybe, attempt)
+                master = last.body.get("masterAddr")
+                if last.code == "NOT_MASTER" and master:
                     addrs = [base_url(master)] + [a for a in addrs if a != base_url(master)]
                 else:
-                    addrs = (
-                        self._target_addrs(topic, refresh=True) if attempt % 3 == 2 else addrs[1:] + addrs[:1]
-                    )
-            except httpx.TransportError as exc:
-                last = exc
-                addrs = self._target_addrs(topic, refresh=True) if attempt % 3 == 2 else addrs[1:] + addrs[:1]
+                    addrs = self._next_addrs(topic, addrs, attempt)
             attempt += 1
             if time.monotonic() > deadline:
-                raise LedgerMQError(
-                    f"ledgermq sink: produce to {topic!r} failed for "
-                    f"{self.opts.produce_timeout_ms} ms: {last}",
-                    code="TIMEOUT",
-                )
+                raise self._failure(topic, home, messages, last, maybe, attempt)
             log.warning("event=produce_retry topic=%s attempt=%d error=%s", topic, attempt, last)
             time.sleep(min(1.0, 0.05 * attempt))
+
+    def _next_addrs(self, topic: str, addrs: list[str], attempt: int) -> list[str]:
+        """The next member to try: rotate, and every third attempt re-read the home set's members."""
+        if attempt % 3 == 2:
+            return list(self._home(topic, refresh=True).addrs) or addrs
+        return addrs[1:] + addrs[:1]
+
+    def _failure(
+        self,
+        topic: str,
+        home: BrokerSet,
+        messages: list[dict],
+        last: LedgerMQError | None,
+        maybe: LedgerMQError | None,
+        attempts: int,
+    ) -> LedgerMQError:
+        keys = f"{messages[0]['idempotencyKey']} .. {messages[-1]['idempotencyKey']}"
+        where = f"{len(messages)} rows to {topic!r} on broker set {home.broker_name}"
+        if maybe is not None:
+            return LedgerMQError(
+                f"ledgermq sink: outcome unknown for {where} (keys {keys}) after {attempts} attempts: "
+                f"an attempt may have stored them ({maybe}); last: {last}. A retry of this task "
+                "re-sends the same keys to the same set, which stores each row once",
+                code="SEND_OUTCOME_UNKNOWN",
+                body={"brokerName": home.broker_name, "outcome": "unknown"},
+            )
+        assert last is not None
+        return LedgerMQError(
+            f"ledgermq sink: {where} refused after {attempts} attempts, nothing stored (keys {keys}): {last}",
+            code=last.code or "UNREACHABLE",
+            status=last.status,
+            body=last.body,
+        )
 
 
 def _column(batch: pa.RecordBatch, name: str) -> list | None:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+
+import httpx
 import pyarrow as pa
 import pytest
 from pyspark.errors import StreamingQueryException
+from pyspark.sql.types import StringType, StructField, StructType
 
+from pipeline.routes import LedgerMQError
 from pipeline.sink import SinkOptions, write_batches
+from tests.integration._ledgermq_procs import ProcessGroup, start_namesrv
+from tests.ports import free_port
 
 pytestmark = pytest.mark.spark
 
@@ -132,3 +140,68 @@ def test_sink_refuses_bad_input_clearly(spark, cluster, topic_name):
     df = spark.createDataFrame([("a",)], "value string")
     with pytest.raises(Exception, match="set option 'topic' or provide a 'topic' column"):
         df.write.format("ledgermq").option("namesrvAddr", cluster.namesrv).mode("append").save()
+
+
+class _ReadThenVanish(threading.Thread):
+    """A listening socket that reads one whole request, then closes it and itself: a broker
+    killed after it read a produce (later connections are refused)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.read_bytes = 0
+
+    def run(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = next(
+                int(h.split(b":")[1]) for h in head.lower().split(b"\r\n") if h.startswith(b"content-length")
+            )
+            while len(body) < length:
+                body += conn.recv(65536)
+            self.read_bytes = len(body)
+        self.sock.close()
+
+
+@pytest.mark.parametrize("broker", ["vanishing", "dead"])
+def test_a_failed_produce_says_whether_it_may_have_stored_the_rows(tmp_path, broker):
+    """A task whose broker read the batch and died fails as SEND_OUTCOME_UNKNOWN naming the set;
+    a task that never reached a broker fails as UNREACHABLE, nothing stored."""
+    procs = ProcessGroup(tmp_path)
+    server = _ReadThenVanish() if broker == "vanishing" else None
+    addr = server.addr if server else f"127.0.0.1:{free_port()}"
+    try:
+        ns = start_namesrv(procs, tmp_path)
+        r = httpx.post(
+            f"http://{ns}/brokers/register",
+            json={
+                "clusterName": "c",
+                "brokerName": "broker-x",
+                "brokerId": 0,
+                "brokerAddr": addr,
+                "topics": {"t": {"readQueueNums": 1, "writeQueueNums": 1, "perm": 6}},
+            },
+        )
+        assert r.status_code == 200, r.text
+        if server:
+            server.start()
+        schema = StructType([StructField("value", StringType())])
+        opts = SinkOptions.parse({"namesrvAddr": ns, "topic": "t", "produceTimeoutMs": "800"}, schema)
+        batch = pa.RecordBatch.from_pydict({"value": ["a", "b"]})
+        with pytest.raises(LedgerMQError) as info:
+            write_batches(iter([batch]), opts, key_prefix="q/1", partition_id=0, attempt=0, batch_id=1)
+    finally:
+        procs.stop_all()
+    err = info.value
+    assert "broker set broker-x" in str(err) and "q/1/0/0 .. q/1/0/1" in str(err)
+    if server:
+        server.join(5)
+        assert server.read_bytes > 0
+        assert err.code == "SEND_OUTCOME_UNKNOWN" and err.body["brokerName"] == "broker-x"
+    else:
+        assert err.code == "UNREACHABLE" and "nothing stored" in str(err)
