@@ -10,7 +10,8 @@ import sys
 
 import uvloop
 
-from broker.config import ConfigError, load_broker_config
+from broker.config import BrokerConfig, ConfigError, load_broker_config
+from broker.runtime import BrokerRuntime, tune_gc
 
 log = logging.getLogger("broker")
 
@@ -30,10 +31,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def run(config) -> int:
+async def run(config: BrokerConfig) -> int:
     """Start the broker, serve until SIGINT/SIGTERM, stop gracefully."""
-    from broker.http.runtime import BrokerRuntime, tune_gc
-
     runtime = BrokerRuntime(config)
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()

@@ -27,6 +27,7 @@ import uvloop
 from fastapi import FastAPI
 
 from broker.config import ConfigError, load_broker_config, parse_properties
+from broker.runtime import BrokerRuntime, tune_gc
 
 log = logging.getLogger("broker.container")
 
@@ -79,7 +80,7 @@ class HostedBroker:
     addr: str | None = None
     state: str = "NEW"  # NEW -> STARTING -> RUNNING -> STOPPED | FAILED
     error: str | None = None
-    runtime: Any = None
+    runtime: BrokerRuntime | None = None
     watch: asyncio.Task[None] | None = None
 
 
@@ -116,14 +117,11 @@ class BrokerContainer:
             "state": b.state,
             "error": b.error,
         }
-        if b.runtime is not None and b.state == "RUNNING":
-            ctx = b.runtime.app.state.ctx
-            row["role"] = "MASTER" if ctx.is_master() else "SLAVE"
+        if b.runtime is not None and b.runtime.services is not None and b.state == "RUNNING":
+            row["role"] = "MASTER" if b.runtime.services.state.is_master() else "SLAVE"
         return row
 
     async def _start_one(self, b: HostedBroker) -> None:
-        from broker.http.runtime import BrokerRuntime
-
         b.state = "STARTING"
         try:
             overrides = {"namesrvAddr": self.config.namesrv_addr} if self.config.namesrv_addr else None
@@ -142,10 +140,10 @@ class BrokerContainer:
     async def _watch(self, b: HostedBroker) -> None:
         """A hosted broker whose HTTP server stops while the container runs is reported FAILED
         and shut down (unregistered, store closed); the others keep running."""
-        await b.runtime.wait()
+        stopped = await b.runtime.wait()
         if self.stopping.is_set() or b.state != "RUNNING":
             return
-        b.state, b.error = "FAILED", "its HTTP server stopped"
+        b.state, b.error = "FAILED", f"its {stopped.name if stopped else 'front-end'} server stopped"
         log.error("event=container_broker_failed config=%s broker=%s error=%s", b.conf_path, b.name, b.error)
         runtime, b.runtime = b.runtime, None
         await runtime.stop()
@@ -217,8 +215,6 @@ async def run(config: ContainerConfig) -> int:
         return 1
     if not any(b.state == "RUNNING" for b in container.brokers):
         log.error("event=container_no_broker_running")
-    from broker.http.runtime import tune_gc
-
     tune_gc()
     await container.run_until_stopped()
     return 0 if any(b.state == "STOPPED" for b in container.brokers) else 1

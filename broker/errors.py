@@ -10,6 +10,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
+from dledger.codes import DLedgerException, DLedgerResponseCode
+
 PROBLEM_TYPE_BASE = "https://ledgermq.dev/problems/"
 
 
@@ -92,9 +94,28 @@ class BrokerError(Exception):
         return body
 
 
-def status_for(code: BrokerCode | str) -> int:
-    """HTTP status for a code (INTERNAL_ERROR's for an unknown one)."""
-    try:
-        return ERROR_TABLE[BrokerCode(code)][0]
-    except ValueError:
-        return ERROR_TABLE[BrokerCode.INTERNAL_ERROR][0]
+def invalid(field: str, detail: str) -> BrokerError:
+    """BrokerError(INVALID_REQUEST) naming the offending field."""
+    return BrokerError(BrokerCode.INVALID_REQUEST, f"{field}: {detail}", field=field)
+
+
+# DLedger failures that can surface through the store on the produce path.
+_DLEDGER_MAP: dict[DLedgerResponseCode, BrokerCode] = {
+    DLedgerResponseCode.NOT_LEADER: BrokerCode.NOT_MASTER,
+    DLedgerResponseCode.LEADER_TRANSFERRING: BrokerCode.NOT_MASTER,
+    DLedgerResponseCode.LEADER_NOT_READY: BrokerCode.SERVICE_UNAVAILABLE,
+    DLedgerResponseCode.LEADER_PENDING_FULL: BrokerCode.SERVICE_UNAVAILABLE,
+    DLedgerResponseCode.DISK_FULL: BrokerCode.DISK_FULL,
+    DLedgerResponseCode.WAIT_QUORUM_ACK_TIMEOUT: BrokerCode.TIMEOUT,
+    DLedgerResponseCode.TERM_CHANGED: BrokerCode.TIMEOUT,
+    DLedgerResponseCode.TIMEOUT: BrokerCode.TIMEOUT,
+}
+
+
+def from_dledger(exc: DLedgerException) -> BrokerError:
+    """The BrokerError a front-end reports for a DLedger failure that reached it."""
+    code = _DLEDGER_MAP.get(exc.code, BrokerCode.SERVICE_UNAVAILABLE)
+    extra: dict[str, Any] = {}
+    if code == BrokerCode.TIMEOUT:
+        extra["outcome"] = "unknown"
+    return BrokerError(code, f"dledger {exc.code.name}: {exc.detail}", **extra)

@@ -1,4 +1,5 @@
-"""`create_app(controller) -> FastAPI`: the broker's HTTP API (OpenAPI at /openapi.json, /docs)."""
+"""`create_app(services) -> FastAPI`: the broker's HTTP API (OpenAPI at /openapi.json, /docs), a
+thin adapter over `broker.service`: each route parses, calls a service and renders."""
 
 from __future__ import annotations
 
@@ -9,39 +10,14 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from broker.http import admin, consumers, messages
-from broker.http.acl import AclAuthMiddleware
-from broker.http.context import HttpContext
+from broker.http.acl import AuthMiddleware
 from broker.http.hot import HotHandlers, HotPath
-from broker.http.limits import BodyLimitMiddleware
-from broker.http.metrics import BrokerStateCollector
+from broker.http.limits import BodyLimitMiddleware, request_limit_bytes
 from broker.http.problems import install_problem_handlers
 from broker.http.schemas import ProduceRequest
+from broker.service import BrokerServices
 
 log = logging.getLogger(__name__)
-
-
-def _state_for_metrics(ctx: HttpContext) -> dict[str, Any]:
-    """Scrape-time view: role, DLedger metadata, consumer lag and queue max offsets."""
-    store = ctx.store
-    status = ctx.status()
-    lag = []
-    queues = []
-    for topic, cfg in store.topics.all().items():
-        for q in range(cfg.queue_nums):
-            queues.append((topic, q, store.max_offset(topic, q)))
-    maxes = {(t, q): v for t, q, v in queues}
-    for group in store.offsets.groups():
-        for topic, offs in store.offsets.offsets_of(group).items():
-            for q, off in offs.items():
-                lag.append((group, topic, q, max(0, maxes.get((topic, q), 0) - off)))
-    return {
-        "role": status["role"],
-        "dledger": status["dledger"],
-        "lag": lag,
-        "queues": queues,
-        "store_path": ctx.config.store_path_root_dir,
-        "idempotency": (len(store.idempotency), store.idempotency.evicted),
-    }
 
 
 class BrokerApp(FastAPI):
@@ -60,30 +36,31 @@ class BrokerApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def create_app(controller: Any) -> FastAPI:
-    """Build the HTTP app for one broker. `controller` provides `config` (BrokerConfig), `store`
-    (DefaultMessageStore) and optionally `dledger_server`."""
-    ctx = HttpContext(controller)
+def create_app(services: BrokerServices) -> BrokerApp:
+    """Build the HTTP app for one broker's services."""
+    config = services.state.config
+    limit = request_limit_bytes(config.max_message_size)
     app = BrokerApp(
-        title=f"LedgerMQ broker {ctx.config.broker_name}",
+        title=f"LedgerMQ broker {config.broker_name}",
         version="0.1.0",
         description="Produce, pull (long polling), group consumption, topic and offset admin.",
     )
-    app.state.ctx = ctx
     install_problem_handlers(app)
-    # Added before the ACL middleware, so it runs after it: a request without rights is refused
+    # Added before the auth middleware, so it runs after it: a request without rights is refused
     # before its body is read.
-    app.add_middleware(BodyLimitMiddleware, limit=ctx.request_limit_bytes)
-    if ctx.acl is not None:
-        app.add_middleware(AclAuthMiddleware, acl=ctx.acl)
-    handlers = HotHandlers(ctx)
-    app.hot_path = HotPath(ctx, handlers)
-    app.include_router(messages.build_router(ctx, handlers))
-    app.include_router(consumers.build_router(ctx))
-    app.include_router(admin.build_router(ctx))
-    ctx.metrics.registry.register(
-        BrokerStateCollector(ctx.config.broker_name, lambda: _state_for_metrics(ctx))
-    )
+    app.add_middleware(BodyLimitMiddleware, limit=limit)
+    app.add_middleware(AuthMiddleware, acl=services.acl)
+    handlers = HotHandlers(services)
+    app.hot_path = HotPath(services, handlers, limit)
+    app.include_router(messages.build_router(services, handlers))
+    app.include_router(consumers.build_router(services))
+    app.include_router(admin.build_router(services))
+    _publish_hot_schemas(app)
+    return app
+
+
+def _publish_hot_schemas(app: FastAPI) -> None:
+    """The hot routes decode by hand; publish their request models for the docs and fuzzers."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
@@ -91,7 +68,6 @@ def create_app(controller: Any) -> FastAPI:
         schema = get_openapi(
             title=app.title, version=app.version, description=app.description, routes=app.routes
         )
-        # The hot routes decode by hand; publish their request models for the docs and fuzzers.
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         body = ProduceRequest.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(body.pop("$defs", {}))
@@ -100,4 +76,3 @@ def create_app(controller: Any) -> FastAPI:
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    return app

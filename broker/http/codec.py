@@ -15,10 +15,8 @@ import time
 from typing import Any
 
 import orjson
-from starlette.requests import ClientDisconnect, Request
 
-from broker.errors import BrokerCode, BrokerError
-from broker.http.problems import invalid
+from broker.errors import BrokerCode, BrokerError, invalid
 from broker.message import (
     BODY_LENGTH_POSITION,
     KEY_SEPARATOR,
@@ -41,36 +39,6 @@ MAX_KEY_LENGTH = 255
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 _SDK_FIELDS = frozenset({"body", "bodyEncoding", "idempotencyKey"})
 RESERVED_PROPERTIES = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_IDEMPOTENCY_KEY})
-
-
-async def read_body(request: Request, limit_bytes: int) -> bytes:
-    """Read the request body, refusing (413) anything over `limit_bytes` before it is in memory:
-    a declared Content-Length is checked first, a chunked body is cut as soon as it passes."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not (declared.isascii() and declared.isdigit()):
-            raise invalid("Content-Length", f"not a number: {declared!r}")
-        if int(declared) > limit_bytes:
-            raise BrokerError(
-                BrokerCode.MESSAGE_TOO_LARGE,
-                f"request body is {declared} bytes, limit {limit_bytes}",
-                limit=limit_bytes,
-            )
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit_bytes:
-                raise BrokerError(
-                    BrokerCode.MESSAGE_TOO_LARGE,
-                    f"request body exceeds limit {limit_bytes} bytes",
-                    limit=limit_bytes,
-                )
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise invalid("body", "client disconnected while sending the body") from None
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _plain_key(value: Any) -> bool:
@@ -170,8 +138,13 @@ def parse_produce_json(
     msgs: list[Message] = []
     queues: list[int | None] = []
     for i, item in enumerate(items):
-        if type(item) is dict and type(item.get("body")) is str and (
-            len(item) == 1 or (item.keys() <= _SDK_FIELDS and item.get("bodyEncoding", "utf-8") == "utf-8")
+        if (
+            type(item) is dict
+            and type(item.get("body")) is str
+            and (
+                len(item) == 1
+                or (item.keys() <= _SDK_FIELDS and item.get("bodyEncoding", "utf-8") == "utf-8")
+            )
         ):
             # The common bulk shapes: {"body": "..."}, and the SDK's, with bodyEncoding utf-8 and
             # an idempotency key. The key gets `_opt_str`'s checks; it names the error if any.
@@ -321,8 +294,8 @@ def message_json_view(
     """`message_json` built straight from a stored message's bytes (validated by the store's
     `read_messages`): no `MessageExt`, no body copy before the text decode, and a message whose
     only property is UNIQ_KEY (the bulk case) skips the properties parse."""
-    total, queue_id, queue_offset, phys, born_ts, store_ts, store_ip, store_port, reconsume = (
-        _head_fields(head)
+    total, queue_id, queue_offset, phys, born_ts, store_ts, store_ip, store_port, reconsume = _head_fields(
+        head
     )
     body = view[_BODY_AT:topic_at]
     if force_base64:
@@ -404,8 +377,8 @@ _HOST_PREFIX_B: dict[tuple[bytes, int], bytes] = {}
 def message_binary_view(view: memoryview, head: tuple, topic_at: int, props_at: int) -> tuple[bytes, bytes]:
     """One stored message as (record + variable fields, body) of the binary pull format, built
     from the store's validated bytes like `message_json_view` (the same fields, no text decode)."""
-    total, queue_id, queue_offset, phys, born_ts, store_ts, store_ip, store_port, reconsume = (
-        _head_fields(head)
+    total, queue_id, queue_offset, phys, born_ts, store_ts, store_ip, store_port, reconsume = _head_fields(
+        head
     )
     body = bytes(view[_BODY_AT:topic_at])
     raw = bytes(view[props_at + 2 : total])
@@ -447,7 +420,3 @@ def pull_binary_bytes(
     parts.extend([rec for rec, _ in items])
     parts.extend([body for _, body in items])
     return b"".join(parts)
-
-
-def json_response_bytes(doc: Any) -> bytes:
-    return orjson.dumps(doc)

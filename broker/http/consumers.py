@@ -1,5 +1,5 @@
 """The group-consumption routes (`/consumers/{group}/receive`, `/ack`, `/nack`, `/invisible`)
-over `PopService` (`simple_consumer.py`), which holds the state and the rules."""
+over `PopService` (`broker/service/pop.py`), which holds the state and the rules."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import orjson
 from fastapi import APIRouter, Path, Request
 from starlette.responses import Response
 
-from broker.http.acl import Right
-from broker.http.context import HttpContext
-from broker.http.pop_state import SYS_POP_STATE, PopStateReplica
+from broker.http.acl import account_of
+from broker.http.codec import message_json
 from broker.http.schemas import (
     PROBLEM_RESPONSES,
     AckIn,
@@ -21,39 +20,31 @@ from broker.http.schemas import (
     ReceiveOut,
     SettleOut,
 )
-from broker.http.simple_consumer import PopService
-from broker.topics import validate_topic
+from broker.service import AckResult, BrokerServices, ReceivedMessage
 
 GroupPath = Annotated[str, Path(min_length=1, max_length=120, pattern=r"^[%|a-zA-Z0-9_-]{1,120}$")]
 
 
-def build_router(ctx: HttpContext) -> APIRouter:
-    """The routes, with the pop state registered as a system-record handler of the store."""
+def _json(doc: Any) -> Response:
+    return Response(orjson.dumps(doc), media_type="application/json")
+
+
+def received_json(received: ReceivedMessage) -> dict[str, Any]:
+    """A received message as the API shows it: the message, its receipt handle and redeliveries."""
+    doc = message_json(received.message)
+    doc["reconsumeTimes"] = received.reconsume_times
+    doc["receiptHandle"] = received.receipt_handle
+    return doc
+
+
+def settled_json(results: list[AckResult]) -> Response:
+    return _json({"results": [{"receiptHandle": r.receipt_handle, "status": r.status} for r in results]})
+
+
+def build_router(services: BrokerServices) -> APIRouter:
+    """The routes of one broker's group consumption."""
     router = APIRouter()
-    replica = PopStateReplica()
-    # Registered before the store starts (BrokerRuntime builds the app first), so replay at
-    # start rebuilds it; on every member, in log order.
-    ctx.store.register_system_handler(SYS_POP_STATE, replica.apply_record)
-    pop = PopService(ctx, replica)
-    ctx.pop = pop  # type: ignore[attr-defined]  # exposed for metrics/tests
-    # A topic delete is applied by the dispatcher on every member, in log order (and by the replay
-    # at start, also in log order): chain onto the store's own hook so slaves and a later master
-    # forget the state too.
-    store_on_delete = ctx.store.topics.on_delete
-
-    def on_topic_deleted(topic: str) -> None:
-        if store_on_delete is not None:
-            store_on_delete(topic)
-        pop.drop_topic(topic)
-
-    ctx.store.topics.on_delete = on_topic_deleted
-
-    def check(group: str, topic: str, request: Request) -> None:
-        validate_topic(topic)
-        ctx.authorize(request.headers, topic=topic, group=group, right=Right.SUB)
-
-    def _json(doc: Any) -> Response:
-        return Response(orjson.dumps(doc), media_type="application/json")
+    pop = services.pop
 
     @router.post(
         "/consumers/{group}/receive",
@@ -63,9 +54,10 @@ def build_router(ctx: HttpContext) -> APIRouter:
         summary="Receive messages, invisible to the group until acked",
     )
     async def receive(group: GroupPath, body: ReceiveIn, request: Request) -> Response:
-        check(group, body.topic, request)
-        msgs = await pop.receive(group, body.topic, body.maxMessages, body.invisibleMs, body.waitMs)
-        return _json({"messages": msgs})
+        got = await pop.receive(
+            account_of(request), group, body.topic, body.maxMessages, body.invisibleMs, body.waitMs
+        )
+        return _json({"messages": [received_json(r) for r in got]})
 
     @router.post(
         "/consumers/{group}/ack",
@@ -75,8 +67,7 @@ def build_router(ctx: HttpContext) -> APIRouter:
         summary="Acknowledge received messages",
     )
     async def ack(group: GroupPath, body: AckIn, request: Request) -> Response:
-        check(group, body.topic, request)
-        return _json({"results": await pop.ack(group, body.topic, body.receiptHandles)})
+        return settled_json(await pop.ack(account_of(request), group, body.topic, body.receiptHandles))
 
     @router.post(
         "/consumers/{group}/nack",
@@ -86,8 +77,7 @@ def build_router(ctx: HttpContext) -> APIRouter:
         summary="Give messages back for redelivery now",
     )
     async def nack(group: GroupPath, body: AckIn, request: Request) -> Response:
-        check(group, body.topic, request)
-        return _json({"results": await pop.nack(group, body.topic, body.receiptHandles)})
+        return settled_json(await pop.nack(account_of(request), group, body.topic, body.receiptHandles))
 
     @router.post(
         "/consumers/{group}/invisible",
@@ -97,8 +87,9 @@ def build_router(ctx: HttpContext) -> APIRouter:
         summary="Change a received message's invisible time",
     )
     async def invisible(group: GroupPath, body: InvisibleIn, request: Request) -> Response:
-        check(group, body.topic, request)
-        handle = await pop.change_invisible(group, body.topic, body.receiptHandle, body.invisibleMs)
+        handle = await pop.change_invisible(
+            account_of(request), group, body.topic, body.receiptHandle, body.invisibleMs
+        )
         return _json({"receiptHandle": handle})
 
     return router

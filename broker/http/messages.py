@@ -7,20 +7,18 @@ them when the fast path is bypassed, through the same `HotHandlers`."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from broker.errors import BrokerCode, BrokerError
-from broker.http.acl import Right
-from broker.http.codec import PULL_BINARY_CONTENT_TYPE, message_json, read_body
-from broker.http.context import HttpContext
-from broker.http.hot import JSON, MAX_PULL_MESSAGES, HotHandlers
+from broker.http.acl import account_of
+from broker.http.codec import PULL_BINARY_CONTENT_TYPE, message_json
+from broker.http.hot import JSON, HotHandlers
 from broker.http.schemas import PROBLEM_RESPONSES, MessageOut, ProduceResponse, PullResponse
-from broker.message import decode_message_id
-from broker.topics import is_system_topic
+from broker.service import MAX_PULL_MESSAGES, BrokerServices
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +32,8 @@ def _topic_param(name: str = "topic") -> dict[str, Any]:
     }
 
 
-def build_router(ctx: HttpContext, hot: HotHandlers) -> APIRouter:
-    """Routes bound to one broker's context; produce and pull delegate to `hot`."""
+def build_router(services: BrokerServices, hot: HotHandlers) -> APIRouter:
+    """Routes bound to one broker's services; produce and pull delegate to `hot`."""
     router = APIRouter()
 
     @router.post(
@@ -79,8 +77,11 @@ def build_router(ctx: HttpContext, hot: HotHandlers) -> APIRouter:
         },
     )
     async def produce(request: Request) -> Response:
-        body = await read_body(request, ctx.request_limit_bytes)
-        out = await hot.produce(request.path_params["topic"], request.headers, request.query_params, body)
+        started = time.perf_counter()
+        topic = request.path_params["topic"]
+        services.produce.admit(account_of(request), topic)
+        body = await request.body()  # within the request limit (BodyLimitMiddleware)
+        out = await hot.produce(topic, request.headers, request.query_params, body, started)
         return Response(out, media_type=JSON)
 
     @router.get(
@@ -139,7 +140,9 @@ def build_router(ctx: HttpContext, hot: HotHandlers) -> APIRouter:
     )
     async def pull(request: Request) -> Response:
         p = request.path_params
-        out, ctype = await hot.pull(p["topic"], p["queueId"], request.headers, request.query_params)
+        out, ctype = await hot.pull(
+            account_of(request), p["topic"], p["queueId"], request.headers, request.query_params
+        )
         return Response(out, media_type=ctype)
 
     @router.get(
@@ -159,21 +162,7 @@ def build_router(ctx: HttpContext, hot: HotHandlers) -> APIRouter:
         },
     )
     async def message_by_id(request: Request) -> Response:
-        msg_id = request.path_params["msgId"]
-        _, phys = decode_message_id(msg_id)
-        try:
-            msg = ctx.store.look_message_by_offset(phys)
-        except BrokerError as exc:
-            if exc.code in (BrokerCode.MESSAGE_CORRUPTED, BrokerCode.INTERNAL_ERROR):
-                raise
-            raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND, f"no message {msg_id} ({exc.detail})") from None
-        except Exception as exc:  # a position that is not a message start must be a 404, not a 500
-            raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND, f"no message {msg_id}: {exc}") from None
-        # The id names its store host too: a message of another broker that happens to start at
-        # the same offset here is not the one asked for.
-        if msg is None or is_system_topic(msg.topic) or msg.msg_id != msg_id.upper():
-            raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND, f"no message {msg_id}")
-        ctx.authorize(request.headers, topic=msg.topic, right=Right.SUB)
+        msg = services.query.by_id(account_of(request), request.path_params["msgId"])
         return Response(orjson.dumps(message_json(msg)), media_type=JSON)
 
     return router

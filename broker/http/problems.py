@@ -15,8 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from broker.errors import BrokerCode, BrokerError
-from dledger.codes import DLedgerException, DLedgerResponseCode
+from broker.errors import BrokerCode, BrokerError, from_dledger, invalid
+from dledger.codes import DLedgerException
 
 log = logging.getLogger(__name__)
 
@@ -33,32 +33,6 @@ def error_response(exc: BrokerError, headers: dict[str, str] | None = None) -> R
     return Response(
         orjson.dumps(body), status_code=body["status"], media_type=PROBLEM_CONTENT_TYPE, headers=headers
     )
-
-
-def invalid(field: str, detail: str) -> BrokerError:
-    """BrokerError(INVALID_REQUEST) naming the offending field."""
-    return BrokerError(BrokerCode.INVALID_REQUEST, f"{field}: {detail}", field=field)
-
-
-# DLedger failures that can surface through the store on the produce path.
-_DLEDGER_MAP: dict[DLedgerResponseCode, BrokerCode] = {
-    DLedgerResponseCode.NOT_LEADER: BrokerCode.NOT_MASTER,
-    DLedgerResponseCode.LEADER_TRANSFERRING: BrokerCode.NOT_MASTER,
-    DLedgerResponseCode.LEADER_NOT_READY: BrokerCode.SERVICE_UNAVAILABLE,
-    DLedgerResponseCode.LEADER_PENDING_FULL: BrokerCode.SERVICE_UNAVAILABLE,
-    DLedgerResponseCode.DISK_FULL: BrokerCode.DISK_FULL,
-    DLedgerResponseCode.WAIT_QUORUM_ACK_TIMEOUT: BrokerCode.TIMEOUT,
-    DLedgerResponseCode.TERM_CHANGED: BrokerCode.TIMEOUT,
-    DLedgerResponseCode.TIMEOUT: BrokerCode.TIMEOUT,
-}
-
-
-def from_dledger(exc: DLedgerException) -> BrokerError:
-    code = _DLEDGER_MAP.get(exc.code, BrokerCode.SERVICE_UNAVAILABLE)
-    extra: dict[str, Any] = {}
-    if code == BrokerCode.TIMEOUT:
-        extra["outcome"] = "unknown"
-    return BrokerError(code, f"dledger {exc.code.name}: {exc.detail}", **extra)
 
 
 _HTTP_CODES = {

@@ -21,7 +21,9 @@ import httpx
 import pytest
 
 from broker.config import BrokerConfig
+from broker.http.consumers import received_json
 from broker.message import Message
+from broker.service import ANONYMOUS
 from tests.integration._ledgermq_procs import (
     CONF,
     ProcessGroup,
@@ -226,17 +228,19 @@ def test_a_topic_delete_drops_receipt_state_on_every_member(tmp_path):
 
 
 async def _start(cfg: BrokerConfig) -> Any:
-    """A started broker controller and its app (built first, as BrokerRuntime does: the app
-    registers the pop-state handler the store's replay needs)."""
+    """A started broker controller, its services and app (built first, as BrokerRuntime does: the
+    services register the pop-state handler the store's replay needs)."""
     from broker.http.app import create_app
-    from broker.http.runtime import build_controller
     from broker.role_change import wait_until_master
+    from broker.runtime import build_controller
+    from broker.service import BrokerServices
 
     ctl = build_controller(cfg)
-    app = create_app(ctl)
+    services = BrokerServices.create(ctl)
+    app = create_app(services)
     await ctl.start()
     await wait_until_master(ctl.store, timeout_s=DEADLINE_S)
-    return ctl, app
+    return ctl, services, app
 
 
 @pytest.fixture
@@ -250,7 +254,7 @@ async def local_broker(tmp_path) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]
     )
     cfg.file_reserved_time = 0  # every full commit-log file is expired at once
     cfg.delete_when = str(time.localtime().tm_hour)
-    ctl, app = await _start(cfg)
+    ctl, _, app = await _start(cfg)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://b") as c:
             yield ctl.store, c
@@ -275,7 +279,7 @@ async def test_retention_past_the_read_pointer_and_in_flight_offsets_skips_forwa
     lo = store.min_offset("ret", 0)
     assert 3 < lo < 40
 
-    caplog.set_level(logging.WARNING, logger="broker.http.simple_consumer")
+    caplog.set_level(logging.WARNING, logger="broker.service.pop")
     await asyncio.sleep(0.15)  # past invisibleMs: 0 and 1 are due for redelivery, but gone
     r = await recv(maxMessages=4, invisibleMs=60000)
     assert r.status_code == 200, r.text
@@ -317,17 +321,18 @@ async def test_an_ack_while_a_receive_dead_letters_is_neither_a_500_nor_an_ok(tm
     cfg.dleger_group = "g"
     cfg.dleger_self_id = "n0"
     cfg.dleger_peers = f"n0-127.0.0.1:{free_port()}"
-    ctl, app = await _start(cfg)
-    store, pop = ctl.store, app.state.ctx.pop
+    ctl, services, _ = await _start(cfg)
+    store, pop = ctl.store, services.pop
     try:
         await store.put_messages("race", [Message("race", b"m0"), Message("race", b"m1")], 0)
-        assert len(await pop.receive("g", "race", 10, 100, 0)) == 2
-        second = await pop.receive("g", "race", 10, 100, int(DEADLINE_S * 1000))
+        assert len(await pop.receive(ANONYMOUS, "g", "race", 10, 100, 0)) == 2
+        wait_ms = int(DEADLINE_S * 1000)
+        second = [received_json(r) for r in await pop.receive(ANONYMOUS, "g", "race", 10, 100, wait_ms)]
         assert [(m["body"], m["reconsumeTimes"]) for m in second] == [("m0", 1), ("m1", 1)]
         handle = {m["body"]: m["receiptHandle"] for m in second}
         await asyncio.sleep(0.15)  # both due again; the next receive dead-letters m0, then m1
 
-        receiving = asyncio.create_task(pop.receive("g", "race", 10, 60000, 0))
+        receiving = asyncio.create_task(pop.receive(ANONYMOUS, "g", "race", 10, 60000, 0))
         # Yield one loop turn at a time until the receive is inside m0's DLQ write (the DLQ topic
         # record is applied, the DLQ message's commit is still ahead).
         deadline = time.monotonic() + DEADLINE_S
@@ -336,13 +341,13 @@ async def test_an_ack_while_a_receive_dead_letters_is_neither_a_500_nor_an_ok(tm
                 break
             await asyncio.sleep(0)
         assert not receiving.done()
-        acked = await pop.ack("g", "race", [handle["m1"], handle["m0"]])
+        acked = await pop.ack(ANONYMOUS, "g", "race", [handle["m1"], handle["m0"]])
         assert await receiving == []
-        assert [a["status"] for a in acked] == ["OK", "EXPIRED"]
+        assert [a.status for a in acked] == ["OK", "EXPIRED"]
 
         dlq = store.get_messages("%DLQ%g", 0, 0, 10).messages
         assert [m.body for m in dlq] == [b"m0"]
-        assert await pop.receive("g", "race", 10, 60000, 300) == []
+        assert await pop.receive(ANONYMOUS, "g", "race", 10, 60000, 300) == []
         assert store.offsets.query("g", "race", 0) == 2
     finally:
         await ctl.shutdown()

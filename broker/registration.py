@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import orjson
 
+from broker.service.state import BrokerState
 from broker.topics import is_system_topic
 
 log = logging.getLogger(__name__)
@@ -22,8 +23,10 @@ REGISTER_INTERVAL_S = 30.0
 class BrokerRegistrar:
     """Heartbeats to the name servers. Caller: the broker process (start/kick/stop)."""
 
-    def __init__(self, ctx: Any, namesrv_addrs: list[str], interval_s: float = REGISTER_INTERVAL_S) -> None:
-        self.ctx = ctx  # broker.http.context.HttpContext
+    def __init__(
+        self, state: BrokerState, namesrv_addrs: list[str], interval_s: float = REGISTER_INTERVAL_S
+    ) -> None:
+        self.state = state
         self.namesrv_urls = [a if a.startswith("http") else f"http://{a}" for a in namesrv_addrs]
         self.interval_s = interval_s
         self._kick = asyncio.Event()
@@ -31,22 +34,20 @@ class BrokerRegistrar:
         self._client: httpx.AsyncClient | None = None
         self.registrations = 0
 
-    def broker_id(self) -> int:
-        return self.ctx.broker_id()
-
     def payload(self) -> dict[str, Any]:
-        cfg = self.ctx.config
+        """The registration body: identity, term and the user topics with their queues and perm."""
+        cfg = self.state.config
         topics = {
             name: {"readQueueNums": t.read_queue_nums, "writeQueueNums": t.write_queue_nums, "perm": t.perm}
-            for name, t in self.ctx.store.topics.all().items()
+            for name, t in self.state.store.topics.all().items()
             if not is_system_topic(name)
         }
         return {
             "clusterName": cfg.broker_cluster_name,
             "brokerName": cfg.broker_name,
-            "brokerId": self.broker_id(),
+            "brokerId": self.state.broker_id(),
             "brokerAddr": cfg.broker_addr,
-            "term": self.ctx.term(),
+            "term": self.state.term(),
             "topics": topics,
         }
 
@@ -57,7 +58,7 @@ class BrokerRegistrar:
     def start(self) -> None:
         if not self.namesrv_urls:
             log.info(
-                "event=registration_disabled broker=%s reason=no namesrvAddr", self.ctx.config.broker_name
+                "event=registration_disabled broker=%s reason=no namesrvAddr", self.state.config.broker_name
             )
             return
         self._client = httpx.AsyncClient(timeout=3.0)
@@ -97,7 +98,7 @@ class BrokerRegistrar:
                 await self._task
         if self._client is not None:
             if unregister:
-                body = {"brokerAddr": self.ctx.config.broker_addr}
+                body = {"brokerAddr": self.state.config.broker_addr}
                 for url in self.namesrv_urls:
                     with contextlib.suppress(httpx.HTTPError):
                         await self._client.post(f"{url}/brokers/unregister", json=body, timeout=1.0)

@@ -62,6 +62,27 @@ class BrokerMetrics:
         self.acked = Counter(
             "ledgermq_ack_messages", "Messages acknowledged by group consumers", ["group"], registry=r
         )
+        self._topics: dict[str, TopicMetrics] = {}
+
+    def topic(self, topic: str) -> TopicMetrics:
+        """The per-topic children of `topic` (cached)."""
+        tm = self._topics.get(topic)
+        if tm is None:
+            tm = self._topics[topic] = TopicMetrics(self, topic)
+        return tm
+
+
+class TopicMetrics:
+    """Per-topic metric children, looked up once (label lookups cost more than the increments)."""
+
+    __slots__ = ("get_latency", "get_messages", "put_bytes", "put_latency", "put_messages")
+
+    def __init__(self, m: BrokerMetrics, topic: str) -> None:
+        self.put_messages = m.put_messages.labels(topic=topic)
+        self.put_bytes = m.put_bytes.labels(topic=topic)
+        self.put_latency = m.put_latency.labels(topic=topic)
+        self.get_messages = m.get_messages.labels(topic=topic)
+        self.get_latency = m.get_latency.labels(topic=topic)
 
 
 class BrokerStateCollector(Collector):

@@ -30,18 +30,20 @@ concurrent ack, receive, topic delete or term change may have changed it meanwhi
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NamedTuple
 
-from broker.errors import BrokerCode, BrokerError
-from broker.http.codec import message_json
-from broker.http.context import HttpContext
-from broker.http.pop_state import SYS_POP_STATE, PopStateReplica
-from broker.http.problems import invalid
+from broker.errors import BrokerCode, BrokerError, invalid
 from broker.message import Message, MessageExt
+from broker.service.acl import AccessControl, Account, Right
+from broker.service.metrics import BrokerMetrics
+from broker.service.pop_state import SYS_POP_STATE, PopStateReplica
+from broker.service.state import BrokerState
+from broker.topics import validate_topic
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,29 @@ DLQ_RETRY_MS = 1_000
 # Per queue, how many recent OK acks (offset → delivery id) are remembered so that an ack retried
 # with the same handle answers OK again; older retries answer EXPIRED (still never redelivered).
 RECENT_ACKS_PER_QUEUE = 1024
+
+
+class AckStatus(enum.StrEnum):
+    """The outcome of settling one receipt handle."""
+
+    OK = "OK"  # settled now, or this very handle was settled before (a retry)
+    EXPIRED = "EXPIRED"  # redelivered, dead-lettered, expired from disk, or another master's
+
+
+class ReceivedMessage(NamedTuple):
+    """One message handed out by `receive`: invisible to the group until `receipt_handle` is
+    acked, nacked or its invisible time passes."""
+
+    message: MessageExt
+    receipt_handle: str
+    reconsume_times: int
+
+
+class AckResult(NamedTuple):
+    """What `ack`/`nack` did with one receipt handle."""
+
+    receipt_handle: str
+    status: AckStatus
 
 
 @dataclass
@@ -98,7 +123,7 @@ class _Batch:
 
     max_messages: int
     invisible_ms: int
-    out: list[dict[str, Any]] = field(default_factory=list)
+    out: list[ReceivedMessage] = field(default_factory=list)
     recounts: dict[int, dict[int, int]] = field(default_factory=dict)  # qid → offset → count
     dead: dict[int, list[int]] = field(default_factory=dict)  # qid → offsets settled without ack
 
@@ -123,27 +148,54 @@ def _now_ms() -> int:
 
 
 class PopService:
-    """Receipt state of all groups on this master. Callers: the /consumers/{group}/receive|ack|
-    nack|invisible routes; the topic-delete hook (`drop_topic`). Affects: committed offsets and
-    pop-state records (replicated) and the DLQ topics."""
+    """Receipt state of all groups on this master. Callers: the front-ends (receive, ack, nack,
+    change_invisible); the topic-delete hook (`drop_topic`). Affects: committed offsets and
+    pop-state records (replicated) and the DLQ topics.
 
-    def __init__(self, ctx: HttpContext, replica: PopStateReplica) -> None:
-        self.ctx = ctx
-        self.replica = replica
+    `install()` registers the replicated pop state with the store; it must run before the store
+    starts, so the replay at start rebuilds it."""
+
+    def __init__(self, state: BrokerState, acl: AccessControl, metrics: BrokerMetrics) -> None:
+        self.state = state
+        self.store = state.store
+        self.config = state.config
+        self.acl = acl
+        self.metrics = metrics
+        self.replica = PopStateReplica()
         self.epoch = secrets.token_hex(4)
         self._next_delivery = 1
         self._states: dict[tuple[str, str], GroupTopicState] = {}
 
+    def install(self) -> None:
+        """Apply pop-state records on every member, in log order (and on replay at start), and
+        forget a deleted topic's state where the delete is applied — chained onto the store's own
+        topic-delete hook, so slaves and a later master forget it too."""
+        store = self.store
+        store.register_system_handler(SYS_POP_STATE, self.replica.apply_record)
+        store_on_delete = store.topics.on_delete
+
+        def on_topic_deleted(topic: str) -> None:
+            if store_on_delete is not None:
+                store_on_delete(topic)
+            self.drop_topic(topic)
+
+        store.topics.on_delete = on_topic_deleted
+
+    def _admit(self, account: Account, group: str, topic: str) -> None:
+        validate_topic(topic)
+        self.acl.authorize(account, topic=topic, group=group, right=Right.SUB)
+
     # -- state ---------------------------------------------------------------------------------
     def _state(self, group: str, topic: str) -> GroupTopicState:
-        ctx = self.ctx
-        ctx.require_master()
-        cfg = ctx.store.topics.get(topic)
+        state = self.state
+        state.require_master()
+        store = self.store
+        cfg = store.topics.get(topic)
         if cfg is None:
             raise BrokerError(BrokerCode.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist", topic=topic)
         if not cfg.is_readable():
             raise BrokerError(BrokerCode.NO_PERMISSION, f"topic {topic!r} is not readable (perm={cfg.perm})")
-        term = ctx.term()
+        term = state.term()
         st = self._states.get((group, topic))
         if st is None or st.term != term:
             if st is not None:
@@ -158,7 +210,7 @@ class PopService:
             del st.queues[q]
         for q in range(cfg.read_queue_nums):
             qs = st.queues.get(q)
-            if qs is not None and qs.read_ptr > ctx.store.max_offset(topic, q):
+            if qs is not None and qs.read_ptr > store.max_offset(topic, q):
                 # Read past the queue's end: the topic was deleted and created again under us.
                 log.warning(
                     "event=pop_state_stale group=%s topic=%s queueId=%d readPtr=%d maxOffset=%d",
@@ -166,7 +218,7 @@ class PopService:
                     topic,
                     q,
                     qs.read_ptr,
-                    ctx.store.max_offset(topic, q),
+                    store.max_offset(topic, q),
                 )
                 qs = None
             if qs is None:
@@ -175,7 +227,7 @@ class PopService:
 
     def _load_queue(self, group: str, topic: str, queue_id: int) -> QueueState:
         """A queue's state from the replicated committed offset and pop state."""
-        store = self.ctx.store
+        store = self.store
         committed = store.offsets.query(group, topic, queue_id)
         lo, hi = store.min_offset(topic, queue_id), store.max_offset(topic, queue_id)
         if committed > hi:
@@ -245,20 +297,24 @@ class PopService:
 
     # -- receive -------------------------------------------------------------------------------
     async def receive(
-        self, group: str, topic: str, max_messages: int, invisible_ms: int, wait_ms: int
-    ) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + min(wait_ms, self.ctx.config.broker_suspend_max_time_millis) / 1000
+        self, account: Account, group: str, topic: str, max_messages: int, invisible_ms: int, wait_ms: int
+    ) -> list[ReceivedMessage]:
+        """Up to `max_messages` messages of `topic` for `group`, each invisible to the group for
+        `invisible_ms`; when there are none, wait up to `wait_ms` (capped by
+        brokerSuspendMaxTimeMillis) for one."""
+        self._admit(account, group, topic)
+        deadline = time.monotonic() + min(wait_ms, self.config.broker_suspend_max_time_millis) / 1000
         while True:
             st = self._state(group, topic)
             out = await self._collect(group, topic, st, _Batch(max_messages, invisible_ms))
             remaining = deadline - time.monotonic()
-            if out or remaining <= 0 or not self.ctx.config.long_polling_enable:
+            if out or remaining <= 0 or not self.config.long_polling_enable:
                 return out
             await self._wait(topic, st, remaining)
 
     async def _collect(
         self, group: str, topic: str, st: GroupTopicState, batch: _Batch
-    ) -> list[dict[str, Any]]:
+    ) -> list[ReceivedMessage]:
         qids = sorted(st.queues)
         if not qids:
             return batch.out
@@ -276,7 +332,7 @@ class PopService:
             if batch.full():
                 break
         if batch.recounts:
-            await self.ctx.store.append_system_record(
+            await self.store.append_system_record(
                 SYS_POP_STATE,
                 {
                     "op": "reconsume",
@@ -287,7 +343,7 @@ class PopService:
             )
         await self._settle(group, topic, st, batch.dead)
         if batch.out:
-            self.ctx.metrics.get_messages.labels(topic=topic).inc(len(batch.out))
+            self.metrics.get_messages.labels(topic=topic).inc(len(batch.out))
         return batch.out
 
     async def _redeliver(
@@ -311,7 +367,7 @@ class PopService:
                 gone.append(off)
                 batch.dead.setdefault(qid, []).append(off)
                 continue
-            if fl.reconsume_times + 1 > self.ctx.config.max_reconsume_times:
+            if fl.reconsume_times + 1 > self.config.max_reconsume_times:
                 if await self._dead_letter(group, topic, qs, off, fl, msg):
                     batch.dead.setdefault(qid, []).append(off)
                 continue
@@ -325,12 +381,12 @@ class PopService:
                 topic,
                 qid,
                 gone[:16],
-                self.ctx.store.min_offset(topic, qid),
+                self.store.min_offset(topic, qid),
             )
 
     def _read_one(self, topic: str, qid: int, off: int) -> MessageExt | None:
         """The message at `off`, or None once it is no longer on disk."""
-        store = self.ctx.store
+        store = self.store
         if not store.min_offset(topic, qid) <= off < store.max_offset(topic, qid):
             return None
         msgs = store.get_messages(topic, qid, off, 1).messages
@@ -339,7 +395,7 @@ class PopService:
     def _read_new(self, group: str, topic: str, qid: int, qs: QueueState, batch: _Batch) -> None:
         """Hand out messages never handed out (skipping those an earlier master saw acked).
         No await: nothing else runs between reading the pointer and moving it."""
-        store = self.ctx.store
+        store = self.store
         lo = store.min_offset(topic, qid)
         if qs.read_ptr < lo:  # retention deleted what the group had not read yet
             self._log_skip(group, topic, qid, qs.read_ptr, lo)
@@ -364,13 +420,10 @@ class PopService:
                 break
             qs.read_ptr = res.next_offset
 
-    def _deliver(self, qid: int, off: int, fl: Inflight, msg: MessageExt, until_ms: int) -> dict[str, Any]:
+    def _deliver(self, qid: int, off: int, fl: Inflight, msg: MessageExt, until_ms: int) -> ReceivedMessage:
         fl.invisible_until_ms = until_ms
         fl.delivery_id = self._new_delivery_id()
-        doc = message_json(msg)
-        doc["reconsumeTimes"] = fl.reconsume_times
-        doc["receiptHandle"] = self._handle(qid, off, fl.delivery_id)
-        return doc
+        return ReceivedMessage(msg, self._handle(qid, off, fl.delivery_id), fl.reconsume_times)
 
     async def _wait(self, topic: str, st: GroupTopicState, remaining_s: float) -> None:
         """Sleep until a queue gets a new message (dispatcher wake-up), an in-flight message turns
@@ -381,17 +434,17 @@ class PopService:
         if expiries:
             timeout = max(0.0, min(timeout, (min(expiries) - now) / 1000))
         tasks = [
-            asyncio.ensure_future(self.ctx.store.wait_for_message(topic, q, qs.read_ptr, timeout))
+            asyncio.ensure_future(self.store.wait_for_message(topic, q, qs.read_ptr, timeout))
             for q, qs in st.queues.items()
         ]
         if not tasks:  # a topic with no readable queue: nothing can arrive, just honour waitMs
             await asyncio.sleep(timeout)
             return
-        self.ctx.metrics.long_poll_waiters.inc()
+        self.metrics.long_poll_waiters.inc()
         try:
             await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self.ctx.metrics.long_poll_waiters.dec()
+            self.metrics.long_poll_waiters.dec()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -430,7 +483,7 @@ class PopService:
 
     async def _to_dlq(self, group: str, topic: str, msg: MessageExt, times: int) -> None:
         dlq = DLQ_PREFIX + group
-        topics = self.ctx.store.topics
+        topics = self.store.topics
         if topics.get(dlq) is None:
             await topics.create_or_update(dlq, 1, 1, 6)
         props = dict(msg.user_properties)
@@ -445,8 +498,8 @@ class PopService:
             born_timestamp=msg.born_timestamp,
             born_host=msg.born_host,
         )
-        await self.ctx.store.put_messages(dlq, [dead], 0)
-        self.ctx.metrics.dlq_messages.labels(group=group).inc()
+        await self.store.put_messages(dlq, [dead], 0)
+        self.metrics.dlq_messages.labels(group=group).inc()
         log.info(
             "event=message_to_dlq group=%s topic=%s queueId=%d offset=%d reconsumeTimes=%d",
             group,
@@ -476,13 +529,13 @@ class PopService:
             if mark > qs.committed:
                 moved[qid] = mark
         if above:
-            await self.ctx.store.append_system_record(
+            await self.store.append_system_record(
                 SYS_POP_STATE, {"op": "ack", "group": group, "topic": topic, "acks": above, "marks": marks}
             )
             if not self._live(group, topic, st):
                 return  # dropped meanwhile (topic deleted): committing would resurrect its offsets
         if moved:
-            await self.ctx.store.offsets.commit_many(group, topic, moved)
+            await self.store.offsets.commit_many(group, topic, moved)
             for qid, mark in moved.items():
                 qs = st.queues.get(qid)
                 if qs is not None:
@@ -506,31 +559,36 @@ class PopService:
             return _Found(qs, qid, off, delivery, "ACKED")  # this very handle was acked: harmless
         return _Found(qs, qid, off, delivery, "EXPIRED")
 
-    async def ack(self, group: str, topic: str, handles: list[str]) -> list[dict[str, Any]]:
+    async def ack(self, account: Account, group: str, topic: str, handles: list[str]) -> list[AckResult]:
+        """Settle received messages (replicated before this returns); a malformed handle refuses
+        the whole request before any is settled."""
+        self._admit(account, group, topic)
         st = self._state(group, topic)
         self._check_handles(handles)
-        statuses: list[str] = []
+        statuses: list[AckStatus] = []
         settled: dict[int, list[int]] = {}
         acked_now: dict[str, _Found] = {}
         for i, h in enumerate(handles):
             if h in acked_now:  # the same handle twice in one request: one ack
-                statuses.append("OK")
+                statuses.append(AckStatus.OK)
                 continue
             found = self._find(st, h, f"receiptHandles[{i}]")
             if found.status == "OK":
                 del found.qs.inflight[found.offset]
                 settled.setdefault(found.queue_id, []).append(found.offset)
                 acked_now[h] = found
-            statuses.append("EXPIRED" if found.status == "EXPIRED" else "OK")
+            statuses.append(AckStatus.EXPIRED if found.status == "EXPIRED" else AckStatus.OK)
         await self._settle(group, topic, st, settled)
         # Only now (the ack is in the log) may a retry of these handles answer OK.
         for found in acked_now.values():
             found.qs.remember_ack(found.offset, found.delivery_id)
         if acked_now:
-            self.ctx.metrics.acked.labels(group=group).inc(len(acked_now))
-        return [{"receiptHandle": h, "status": s} for h, s in zip(handles, statuses, strict=True)]
+            self.metrics.acked.labels(group=group).inc(len(acked_now))
+        return [AckResult(h, s) for h, s in zip(handles, statuses, strict=True)]
 
-    async def nack(self, group: str, topic: str, handles: list[str]) -> list[dict[str, Any]]:
+    async def nack(self, account: Account, group: str, topic: str, handles: list[str]) -> list[AckResult]:
+        """Make received messages visible again at once (redelivered by the next receive)."""
+        self._admit(account, group, topic)
         st = self._state(group, topic)
         self._check_handles(handles)
         results = []
@@ -539,10 +597,15 @@ class PopService:
             found = self._find(st, h, f"receiptHandles[{i}]")
             if found.status == "OK":
                 found.qs.inflight[found.offset].invisible_until_ms = now  # visible again at once
-            results.append({"receiptHandle": h, "status": "OK" if found.status == "OK" else "EXPIRED"})
+            results.append(AckResult(h, AckStatus.OK if found.status == "OK" else AckStatus.EXPIRED))
         return results
 
-    async def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
+    async def change_invisible(
+        self, account: Account, group: str, topic: str, handle: str, invisible_ms: int
+    ) -> str:
+        """Keep a received message invisible for `invisible_ms` from now; the new receipt handle
+        (the old one no longer settles it). MESSAGE_NOT_FOUND when it is no longer in flight."""
+        self._admit(account, group, topic)
         st = self._state(group, topic)
         found = self._find(st, handle, "receiptHandle")
         if found.status != "OK":

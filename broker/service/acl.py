@@ -1,0 +1,157 @@
+"""Access control of the broker's services (`aclEnable=true`, `aclConfigFile=...`).
+
+The file is JSON, RocketMQ's plain ACL in spirit (bearer tokens instead of access keys):
+
+    {"accounts": [
+      {"name": "orders-app", "token": "s3cret",
+       "admin": false,
+       "topicPerms": {"orders": "PUB|SUB", "*": "DENY"},
+       "groupPerms": {"billing": "SUB"}}
+    ]}
+
+Rights: `PUB` (produce), `SUB` (pull, receive/ack, read offsets), `DENY`. `*` is the default for
+names not listed (DENY when absent). `admin: true` allows everything, including topic admin,
+offset reset and leadership transfer. No or unknown token → 401; a known token without the
+right → 403. `/health`, `/metrics`, `/status` and the OpenAPI docs stay open.
+
+A front-end turns the request's `Authorization` value into an `Account` once
+(`AccessControl.authenticate`); the services authorize that account for what each operation
+touches (`AccessControl.authorize`). With ACL off, `AccessControl.disabled()` lets everything
+through and `authenticate` answers `ANONYMOUS` without looking at the value.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from broker.errors import BrokerCode, BrokerError
+
+
+class Right(enum.Flag):
+    """What an account may do with a topic or group (RocketMQ's PUB/SUB; DENY = NONE)."""
+
+    NONE = 0
+    PUB = 1
+    SUB = 2
+
+
+def _parse_right(value: Any, where: str) -> Right:
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: expected a string like 'PUB|SUB' or 'DENY'")
+    right = Right.NONE
+    for part in value.upper().split("|"):
+        part = part.strip()
+        if part == "DENY":
+            continue
+        if part not in ("PUB", "SUB"):
+            raise ValueError(f"{where}: unknown right {part!r} (PUB, SUB, DENY)")
+        right |= Right[part]
+    return right
+
+
+@dataclass
+class Account:
+    """A principal: who a request comes from, and its rights per topic and group."""
+
+    name: str
+    token: str
+    admin: bool = False
+    topic_perms: dict[str, Right] = field(default_factory=dict)
+    group_perms: dict[str, Right] = field(default_factory=dict)
+
+    def allows(self, table: dict[str, Right], name: str, right: Right) -> bool:
+        granted = table.get(name, table.get("*", Right.NONE))
+        return right in granted
+
+
+# The caller of every request when ACL is off (never compared against a token).
+ANONYMOUS = Account(name="anonymous", token="", admin=True)
+
+
+class AccessControl:
+    """Token → account (`authenticate`, 401), account → right (`authorize`, 403).
+    Callers: the front-ends (`authenticate`), the services (`authorize`)."""
+
+    def __init__(self, accounts: list[Account], *, enabled: bool = True) -> None:
+        self.accounts = accounts
+        self.enabled = enabled
+
+    @classmethod
+    def disabled(cls) -> AccessControl:
+        """ACL off: every request is `ANONYMOUS` and allowed everything."""
+        return cls([], enabled=False)
+
+    @classmethod
+    def load(cls, path: str | Path) -> AccessControl:
+        """Parse the ACL file; ValueError names the file and the bad entry."""
+        try:
+            doc = orjson.loads(Path(path).read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise ValueError(f"aclConfigFile {path}: {exc}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("accounts"), list):
+            raise ValueError(f'aclConfigFile {path}: expected {{"accounts": [...]}}')
+        accounts = []
+        for i, a in enumerate(doc["accounts"]):
+            where = f"aclConfigFile {path}: accounts[{i}]"
+            if not isinstance(a, dict) or not isinstance(a.get("token"), str) or not a["token"]:
+                raise ValueError(f"{where}: needs a non-empty 'token'")
+            accounts.append(
+                Account(
+                    name=str(a.get("name", f"account{i}")),
+                    token=a["token"],
+                    admin=bool(a.get("admin", False)),
+                    topic_perms={
+                        k: _parse_right(v, f"{where}.topicPerms.{k}")
+                        for k, v in (a.get("topicPerms") or {}).items()
+                    },
+                    group_perms={
+                        k: _parse_right(v, f"{where}.groupPerms.{k}")
+                        for k, v in (a.get("groupPerms") or {}).items()
+                    },
+                )
+            )
+        return cls(accounts)
+
+    def authenticate(self, authorization: str | None) -> Account:
+        """The account of an `Authorization: Bearer <token>` value; UNAUTHORIZED without one."""
+        if not self.enabled:
+            return ANONYMOUS
+        if not authorization or not authorization.lower().startswith("bearer "):
+            raise BrokerError(BrokerCode.UNAUTHORIZED, "missing bearer token (Authorization: Bearer <token>)")
+        token = authorization[7:].strip()
+        for acc in self.accounts:
+            if hmac.compare_digest(acc.token.encode(), token.encode()):
+                return acc
+        raise BrokerError(BrokerCode.UNAUTHORIZED, "unknown token")
+
+    def authorize(
+        self,
+        account: Account,
+        *,
+        topic: str | None = None,
+        group: str | None = None,
+        right: Right = Right.NONE,
+        admin: bool = False,
+    ) -> None:
+        """FORBIDDEN unless `account` holds `right` on `topic` (and SUB on `group`), or is an admin;
+        `admin=True` asks for an admin account."""
+        if account.admin:
+            return
+        if admin:
+            raise BrokerError(BrokerCode.FORBIDDEN, f"account {account.name!r} is not an admin")
+        if topic is not None and not account.allows(account.topic_perms, topic, right):
+            raise BrokerError(
+                BrokerCode.FORBIDDEN,
+                f"account {account.name!r} lacks {right.name} on topic {topic!r}",
+                topic=topic,
+            )
+        if group is not None and not account.allows(account.group_perms, group, Right.SUB):
+            raise BrokerError(
+                BrokerCode.FORBIDDEN, f"account {account.name!r} lacks SUB on group {group!r}", group=group
+            )
