@@ -16,11 +16,10 @@ from typing import Any
 
 import orjson
 
-from broker.errors import BrokerCode, BrokerError, invalid
+from broker.errors import invalid
 from broker.message import (
     BODY_LENGTH_POSITION,
     KEY_SEPARATOR,
-    PROPERTY_IDEMPOTENCY_KEY,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
@@ -29,94 +28,27 @@ from broker.message import (
     bytes_to_properties,
     create_message_id,
 )
+from broker.service.validation import (
+    MAX_BATCH_MESSAGES,
+    MAX_IDEMPOTENCY_KEY_LENGTH,
+    MAX_TAGS_LENGTH,
+    RESERVED_PROPERTIES,
+    check_body_size,
+    check_keys,
+    check_properties,
+    check_queue_id,
+    check_text,
+    plain_key,
+)
 
-MAX_BATCH_MESSAGES = 10_000
 _MESSAGE_FIELDS = frozenset(
     {"body", "bodyEncoding", "tags", "keys", "properties", "queueId", "idempotencyKey"}
 )
-MAX_TAGS_LENGTH = 255
-MAX_KEY_LENGTH = 255
-MAX_IDEMPOTENCY_KEY_LENGTH = 255
 _SDK_FIELDS = frozenset({"body", "bodyEncoding", "idempotencyKey"})
-RESERVED_PROPERTIES = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_IDEMPOTENCY_KEY})
 
 
-def _plain_key(value: Any) -> bool:
-    """An idempotency key `_opt_str` would accept as it is."""
-    return (
-        type(value) is str
-        and len(value) <= MAX_IDEMPOTENCY_KEY_LENGTH
-        and "\x01" not in value
-        and "\x02" not in value
-    )
-
-
-def _opt_str(doc: dict[str, Any], key: str, where: str, max_len: int) -> str | None:
-    value = doc.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise invalid(f"{where}.{key}", f"expected a string, got {type(value).__name__}")
-    if len(value) > max_len:
-        raise invalid(f"{where}.{key}", f"at most {max_len} characters")
-    if "\x01" in value or "\x02" in value:
-        raise invalid(f"{where}.{key}", "contains a reserved control character (\\x01 or \\x02)")
-    return value
-
-
-def _keys(value: Any, where: str) -> list[str]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise invalid(where, "expected a list of strings")
-    for i, k in enumerate(value):
-        if (
-            not isinstance(k, str)
-            or not k
-            or len(k) > MAX_KEY_LENGTH
-            or " " in k
-            or "\x01" in k
-            or "\x02" in k
-        ):
-            raise invalid(
-                f"{where}[{i}]", f"a key is a non-empty string without spaces, at most {MAX_KEY_LENGTH}"
-            )
-    return value
-
-
-def _properties(value: Any, where: str) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise invalid(where, "expected an object of string values")
-    for k, v in value.items():
-        if not isinstance(v, str):
-            raise invalid(f"{where}.{k}", f"expected a string value, got {type(v).__name__}")
-        if (
-            not k
-            or len(k) > MAX_KEY_LENGTH
-            or k in RESERVED_PROPERTIES
-            or any(c in k for c in "\x01\x02")
-            or any(c in v for c in "\x01\x02")
-        ):
-            raise invalid(f"{where}.{k}", "reserved or illegal property name/value")
-    return value
-
-
-def _queue_id(value: Any, where: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, float) and value.is_integer():  # JSON-schema integer: 3.0 is 3
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 65536:
-        raise invalid(where, f"expected an integer in 0..65535, got {value!r}")
-    return value
-
-
-def parse_produce_json(
-    raw: bytes, topic: str, max_message_size: int, born_host: str
-) -> tuple[list[Message], list[int | None]]:
-    """`{"messages": [...]}` (or one message object) → (messages, queueId of each)."""
+def _messages_of(raw: bytes) -> list[Any]:
+    """The message objects of a produce body: `{"messages": [...]}`, or one message object."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -129,11 +61,64 @@ def parse_produce_json(
         raise invalid(
             sorted(k for k in doc if k != "messages")[0], 'unknown field; the body is {"messages": [...]}'
         )
-    items = doc["messages"]
+    items: list[Any] = doc["messages"]
     if not items:
         raise invalid("messages", "at least one message is required")
     if len(items) > MAX_BATCH_MESSAGES:
         raise invalid("messages", f"at most {MAX_BATCH_MESSAGES} messages per request")
+    return items
+
+
+def _body_bytes(item: dict[str, Any], where: str) -> bytes:
+    body = item.get("body")
+    if not isinstance(body, str):
+        raise invalid(f"{where}.body", "required string (text, or base64 with bodyEncoding=base64)")
+    encoding = item.get("bodyEncoding", "utf-8")
+    if encoding == "utf-8":
+        return body.encode("utf-8")
+    if encoding == "base64":
+        try:
+            return base64.b64decode(body, validate=True)
+        except (binascii.Error, ValueError):
+            raise invalid(f"{where}.body", "not valid base64") from None
+    raise invalid(f"{where}.bodyEncoding", f"expected 'utf-8' or 'base64', got {encoding!r}")
+
+
+def _full_message(
+    item: Any, where: str, topic: str, max_message_size: int, born_host: str, now: int
+) -> tuple[Message, int | None]:
+    """One message object of any shape the API allows, every field checked."""
+    if not isinstance(item, dict):
+        raise invalid(where, "expected an object")
+    unknown = item.keys() - _MESSAGE_FIELDS
+    if unknown:  # a typo like "bodyEncodng" must not be silently ignored
+        name = sorted(unknown)[0]
+        raise invalid(f"{where}.{name}", f"unknown field; known: {', '.join(sorted(_MESSAGE_FIELDS))}")
+    data = _body_bytes(item, where)
+    check_body_size(len(data), max_message_size, f"{where}.body")
+    for nullable in ("keys", "properties", "body", "bodyEncoding"):
+        if nullable in item and item[nullable] is None:
+            raise invalid(f"{where}.{nullable}", "must not be null (leave it out instead)")
+    msg = Message(
+        topic=topic,
+        body=data,
+        tags=check_text(item.get("tags"), f"{where}.tags", MAX_TAGS_LENGTH),
+        keys=check_keys(item.get("keys"), f"{where}.keys"),
+        properties=check_properties(item.get("properties"), f"{where}.properties"),
+        idempotency_key=check_text(
+            item.get("idempotencyKey"), f"{where}.idempotencyKey", MAX_IDEMPOTENCY_KEY_LENGTH
+        ),
+        born_timestamp=now,
+        born_host=born_host,
+    )
+    return msg, check_queue_id(item.get("queueId"), f"{where}.queueId")
+
+
+def parse_produce_json(
+    raw: bytes, topic: str, max_message_size: int, born_host: str
+) -> tuple[list[Message], list[int | None]]:
+    """`{"messages": [...]}` (or one message object) → (messages, queueId of each)."""
+    items = _messages_of(raw)
     now = int(time.time() * 1000)
     msgs: list[Message] = []
     queues: list[int | None] = []
@@ -147,64 +132,19 @@ def parse_produce_json(
             )
         ):
             # The common bulk shapes: {"body": "..."}, and the SDK's, with bodyEncoding utf-8 and
-            # an idempotency key. The key gets `_opt_str`'s checks; it names the error if any.
+            # an idempotency key. The key gets `check_text`'s checks; it names the error if any.
             idem = item.get("idempotencyKey")
-            if idem is not None and not _plain_key(idem):
-                idem = _opt_str(item, "idempotencyKey", f"messages[{i}]", MAX_IDEMPOTENCY_KEY_LENGTH)
+            if idem is not None and not plain_key(idem):
+                idem = check_text(idem, f"messages[{i}].idempotencyKey", MAX_IDEMPOTENCY_KEY_LENGTH)
             data = item["body"].encode("utf-8")
             if len(data) > max_message_size:
-                raise BrokerError(
-                    BrokerCode.MESSAGE_TOO_LARGE,
-                    f"messages[{i}].body is {len(data)} bytes, maxMessageSize is {max_message_size}",
-                    field=f"messages[{i}].body",
-                    limit=max_message_size,
-                )
+                check_body_size(len(data), max_message_size, f"messages[{i}].body")
             msgs.append(Message(topic, data, None, None, None, 0, idem, now, born_host))
             queues.append(None)
             continue
-        where = f"messages[{i}]"
-        if not isinstance(item, dict):
-            raise invalid(where, "expected an object")
-        unknown = item.keys() - _MESSAGE_FIELDS
-        if unknown:  # a typo like "bodyEncodng" must not be silently ignored
-            name = sorted(unknown)[0]
-            raise invalid(f"{where}.{name}", f"unknown field; known: {', '.join(sorted(_MESSAGE_FIELDS))}")
-        body = item.get("body")
-        if not isinstance(body, str):
-            raise invalid(f"{where}.body", "required string (text, or base64 with bodyEncoding=base64)")
-        encoding = item.get("bodyEncoding", "utf-8")
-        if encoding == "utf-8":
-            data = body.encode("utf-8")
-        elif encoding == "base64":
-            try:
-                data = base64.b64decode(body, validate=True)
-            except (binascii.Error, ValueError):
-                raise invalid(f"{where}.body", "not valid base64") from None
-        else:
-            raise invalid(f"{where}.bodyEncoding", f"expected 'utf-8' or 'base64', got {encoding!r}")
-        if len(data) > max_message_size:
-            raise BrokerError(
-                BrokerCode.MESSAGE_TOO_LARGE,
-                f"{where}.body is {len(data)} bytes, maxMessageSize is {max_message_size}",
-                field=f"{where}.body",
-                limit=max_message_size,
-            )
-        for nullable in ("keys", "properties", "body", "bodyEncoding"):
-            if nullable in item and item[nullable] is None:
-                raise invalid(f"{where}.{nullable}", "must not be null (leave it out instead)")
-        msgs.append(
-            Message(
-                topic=topic,
-                body=data,
-                tags=_opt_str(item, "tags", where, MAX_TAGS_LENGTH),
-                keys=_keys(item.get("keys"), f"{where}.keys"),
-                properties=_properties(item.get("properties"), f"{where}.properties"),
-                idempotency_key=_opt_str(item, "idempotencyKey", where, MAX_IDEMPOTENCY_KEY_LENGTH),
-                born_timestamp=now,
-                born_host=born_host,
-            )
-        )
-        queues.append(_queue_id(item.get("queueId"), f"{where}.queueId"))
+        msg, qid = _full_message(item, f"messages[{i}]", topic, max_message_size, born_host, now)
+        msgs.append(msg)
+        queues.append(qid)
     return msgs, queues
 
 
@@ -212,13 +152,7 @@ def parse_produce_raw(
     data: bytes, params: Any, topic: str, max_message_size: int, born_host: str
 ) -> tuple[Message, int | None]:
     """An `application/octet-stream` body with tags/keys/queueId/idempotencyKey as query parameters."""
-    if len(data) > max_message_size:
-        raise BrokerError(
-            BrokerCode.MESSAGE_TOO_LARGE,
-            f"body is {len(data)} bytes, maxMessageSize is {max_message_size}",
-            field="body",
-            limit=max_message_size,
-        )
+    check_body_size(len(data), max_message_size, "body")
     q = dict(params)
     keys = [k for k in (q.get("keys") or "").split(",") if k]
     qid_raw = q.get("queueId")
@@ -226,13 +160,15 @@ def parse_produce_raw(
     if qid_raw not in (None, ""):
         if not (qid_raw.isascii() and qid_raw.isdigit()) or len(qid_raw) > 5:
             raise invalid("queueId", f"expected an integer in 0..65535, got {qid_raw[:40]!r}")
-        queue_id = _queue_id(int(qid_raw), "queueId")
+        queue_id = check_queue_id(int(qid_raw), "queueId")
     msg = Message(
         topic=topic,
         body=data,
-        tags=_opt_str(q, "tags", "query", MAX_TAGS_LENGTH),
-        keys=_keys(keys, "keys"),
-        idempotency_key=_opt_str(q, "idempotencyKey", "query", MAX_IDEMPOTENCY_KEY_LENGTH),
+        tags=check_text(q.get("tags"), "query.tags", MAX_TAGS_LENGTH),
+        keys=check_keys(keys, "keys"),
+        idempotency_key=check_text(
+            q.get("idempotencyKey"), "query.idempotencyKey", MAX_IDEMPOTENCY_KEY_LENGTH
+        ),
         born_timestamp=int(time.time() * 1000),
         born_host=born_host,
     )
@@ -240,7 +176,8 @@ def parse_produce_raw(
 
 
 _HOST_HEX: dict[str, str] = {}  # store host → the 16 hex digits it contributes to a msgId
-_SYSTEM_PROPERTIES = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_IDEMPOTENCY_KEY})
+# What the API shows as `tags`/`keys` or not at all; the rest are the user's properties.
+_SYSTEM_PROPERTIES = RESERVED_PROPERTIES
 
 
 def message_json(m: MessageExt, force_base64: bool = False) -> dict[str, Any]:

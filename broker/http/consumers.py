@@ -21,8 +21,9 @@ from broker.http.schemas import (
     SettleOut,
 )
 from broker.service import AckResult, BrokerServices, ReceivedMessage
+from broker.service.pop import GROUP_NAME_RE, MAX_GROUP_LENGTH
 
-GroupPath = Annotated[str, Path(min_length=1, max_length=120, pattern=r"^[%|a-zA-Z0-9_-]{1,120}$")]
+GroupPath = Annotated[str, Path(min_length=1, max_length=MAX_GROUP_LENGTH, pattern=GROUP_NAME_RE.pattern)]
 
 
 def _json(doc: Any) -> Response:

@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
+from broker.service.pop import MAX_INVISIBLE_MS, MAX_RECEIVE_MESSAGES, MAX_RECEIVE_WAIT_MS, MIN_INVISIBLE_MS
+
 # The API's string rules, stated as JSON-schema patterns so the OpenAPI document is exactly as
 # strict as the server (fuzzers check both directions).
 TOPIC_PATTERN = r"^[%|a-zA-Z0-9_-]{1,127}$"
@@ -168,9 +170,9 @@ class OffsetsIn(_In):
 
 class ReceiveIn(_In):
     topic: TopicName
-    maxMessages: IntIn(1, 1024) = 16
-    invisibleMs: IntIn(100, 12 * 3600 * 1000) = 30_000
-    waitMs: IntIn(0, 3_600_000) = 0
+    maxMessages: IntIn(1, MAX_RECEIVE_MESSAGES) = 16
+    invisibleMs: IntIn(MIN_INVISIBLE_MS, MAX_INVISIBLE_MS) = 30_000
+    waitMs: IntIn(0, MAX_RECEIVE_WAIT_MS) = 0
 
 
 class ReceiveOut(BaseModel):
@@ -194,7 +196,7 @@ class SettleOut(BaseModel):
 class InvisibleIn(_In):
     topic: TopicName
     receiptHandle: ReceiptHandle
-    invisibleMs: IntIn(0, 12 * 3600 * 1000)
+    invisibleMs: IntIn(0, MAX_INVISIBLE_MS)
 
 
 class InvisibleOut(BaseModel):

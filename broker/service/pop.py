@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,15 @@ from broker.topics import validate_topic
 log = logging.getLogger(__name__)
 
 DLQ_PREFIX = "%DLQ%"
+
+# The bounds of a receive (the HTTP schema publishes the same numbers).
+MAX_RECEIVE_MESSAGES = 1024
+MIN_INVISIBLE_MS = 100  # of a receive; change_invisible may set 0 (visible again at once)
+MAX_INVISIBLE_MS = 12 * 3600 * 1000
+MAX_RECEIVE_WAIT_MS = 3_600_000
+# A group's DLQ topic, %DLQ%{group}, must still be a legal topic name (at most 127 characters).
+MAX_GROUP_LENGTH = 120
+GROUP_NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,120}$")
 
 # An entry being written to the DLQ: due never, so no concurrent receive hands it out meanwhile.
 _RESERVED_UNTIL_MS = 1 << 62
@@ -143,6 +153,11 @@ class _Found:
     status: str
 
 
+def _in_range(field_name: str, value: int, lo: int, hi: int) -> None:
+    if not lo <= value <= hi:
+        raise invalid(field_name, f"must be in {lo}..{hi}, got {value}")
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -182,6 +197,10 @@ class PopService:
         store.topics.on_delete = on_topic_deleted
 
     def _admit(self, account: Account, group: str, topic: str) -> None:
+        if not GROUP_NAME_RE.match(group):
+            raise invalid(
+                "group", f"1-{MAX_GROUP_LENGTH} characters of letters, digits, % | _ -, got {group[:130]!r}"
+            )
         validate_topic(topic)
         self.acl.authorize(account, topic=topic, group=group, right=Right.SUB)
 
@@ -302,6 +321,9 @@ class PopService:
         """Up to `max_messages` messages of `topic` for `group`, each invisible to the group for
         `invisible_ms`; when there are none, wait up to `wait_ms` (capped by
         brokerSuspendMaxTimeMillis) for one."""
+        _in_range("maxMessages", max_messages, 1, MAX_RECEIVE_MESSAGES)
+        _in_range("invisibleMs", invisible_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
+        _in_range("waitMs", wait_ms, 0, MAX_RECEIVE_WAIT_MS)
         self._admit(account, group, topic)
         deadline = time.monotonic() + min(wait_ms, self.config.broker_suspend_max_time_millis) / 1000
         while True:
@@ -450,7 +472,15 @@ class PopService:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _dead_letter(
-        self, group: str, topic: str, qs: QueueState, off: int, fl: Inflight, msg: MessageExt
+        self,
+        group: str,
+        topic: str,
+        qs: QueueState,
+        off: int,
+        fl: Inflight,
+        msg: MessageExt,
+        *,
+        quiet: bool = True,
     ) -> bool:
         """Send a message out of retries to the DLQ; True once it is there and out of flight.
         While the write is in progress the entry is reserved: a fresh delivery id no client holds
@@ -472,6 +502,8 @@ class PopService:
                 exc.code,
                 DLQ_RETRY_MS,
             )
+            if not quiet:
+                raise
             return False
         except BaseException:
             fl.invisible_until_ms = _now_ms()  # cancelled mid-write: due again at once (idempotent)
@@ -605,8 +637,16 @@ class PopService:
     ) -> str:
         """Keep a received message invisible for `invisible_ms` from now; the new receipt handle
         (the old one no longer settles it). MESSAGE_NOT_FOUND when it is no longer in flight."""
+        _in_range("invisibleMs", invisible_ms, 0, MAX_INVISIBLE_MS)
         self._admit(account, group, topic)
         st = self._state(group, topic)
+        found = self._in_flight(st, handle)
+        fl = found.qs.inflight[found.offset]
+        fl.invisible_until_ms = _now_ms() + invisible_ms
+        fl.delivery_id = self._new_delivery_id()
+        return self._handle(found.queue_id, found.offset, fl.delivery_id)
+
+    def _in_flight(self, st: GroupTopicState, handle: str) -> _Found:
         found = self._find(st, handle, "receiptHandle")
         if found.status != "OK":
             raise BrokerError(
@@ -615,7 +655,19 @@ class PopService:
                 "(redelivered, settled, or issued by another master)",
                 field="receiptHandle",
             )
+        return found
+
+    async def dead_letter(self, account: Account, group: str, topic: str, handle: str) -> None:
+        """Send a received message to `%DLQ%{group}` now (RocketMQ's forwardToDeadLetterQueue) and
+        settle it; replicated before this returns. MESSAGE_NOT_FOUND when it is no longer in
+        flight; a failed DLQ write raises and leaves the message in flight (due again shortly)."""
+        self._admit(account, group, topic)
+        st = self._state(group, topic)
+        found = self._in_flight(st, handle)
         fl = found.qs.inflight[found.offset]
-        fl.invisible_until_ms = _now_ms() + invisible_ms
-        fl.delivery_id = self._new_delivery_id()
-        return self._handle(found.queue_id, found.offset, fl.delivery_id)
+        msg = self._read_one(topic, found.queue_id, found.offset)
+        if msg is None:  # gone from disk (retention): nothing to forward, settle it
+            del found.qs.inflight[found.offset]
+        elif not await self._dead_letter(group, topic, found.qs, found.offset, fl, msg, quiet=False):
+            return  # settled meanwhile by a concurrent request: nothing left to do
+        await self._settle(group, topic, st, {found.queue_id: [found.offset]})
