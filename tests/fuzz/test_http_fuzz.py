@@ -66,8 +66,11 @@ def _stop(server: Server) -> None:
 
 def _broker(tmp: Path, namesrv_port: int, acl: bool = False) -> Server:
     port = free_ports(1)[0]
+    # A fuzzed waitMs may ask for the longest long poll: capped at 2 s here so it always ends
+    # well inside the requests' 10 s timeout (the default cap, 15 s, made such a draw a timeout).
     overrides: dict[str, object] = {"listenPort": port, "storePathRootDir": tmp / "store",
-                                    "namesrvAddr": f"127.0.0.1:{namesrv_port}"}
+                                    "namesrvAddr": f"127.0.0.1:{namesrv_port}",
+                                    "brokerSuspendMaxTimeMillis": 2000}
     if acl:
         acl_file = tmp / "acl.json"
         acl_file.write_text(json.dumps({"accounts": [

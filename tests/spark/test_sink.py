@@ -65,15 +65,27 @@ def test_stream_to_topic_exactly_once_even_when_a_task_fails_mid_write(spark, cl
     marker = tmp_path / "fail-once"
     marker.write_text("x")
     marker_path = str(marker)
+    dst_url = f"http://{cluster.wait_master()}/topics/{dst}"
 
     from pyspark.sql import functions as F
 
     @F.udf("binary")
     def fail_after_some_rows(value, queue_id, queue_offset):
         import os
+        import time
+
+        import httpx
 
         # Fails queue 1's task part-way: the batch aborts after other rows were already produced.
+        # The UDF's worker can run ahead of the sink, so it waits until the sink has stored some
+        # rows: otherwise a loaded machine could fail the task before anything was written.
         if queue_id == 1 and queue_offset >= 1000 and os.path.exists(marker_path):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                queues = httpx.get(dst_url, timeout=5).json()["queues"]
+                if sum(q["maxOffset"] - q["minOffset"] for q in queues) >= 100:
+                    break
+                time.sleep(0.1)
             raise RuntimeError("injected sink-side task failure")
         return value
 
