@@ -1,8 +1,9 @@
-"""`BrokerController`: wires config → (DLedger server) → message store → role changes.
+"""`BrokerController`: wires config → (DLedger server) → commit log → message store → role changes.
 
-The HTTP app and the name-server registration plug in from outside: they read `role`,
-`broker_id`, `master_addr`, `store`, and subscribe to role changes with `add_role_listener`
-(re-register with the name servers at once when the role changes).
+It owns the broker's one role object (`broker.role.BrokerRoleState`): the store reads it, the
+role-change handler switches it. The HTTP app and the name-server registration plug in from
+outside: they read `role`, `broker_id`, `master_addr`, `store`, and subscribe to role changes with
+`add_role_listener` (re-register with the name servers at once when the role changes).
 """
 
 from __future__ import annotations
@@ -11,12 +12,18 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.config import BrokerConfig
-from broker.role_change import BrokerRole, DLedgerRoleChangeHandler, slave_broker_id
+from broker.role import BrokerRole, BrokerRoleState, slave_broker_id
+from broker.role_change import DLedgerRoleChangeHandler
+from broker.store.base import CommitLog
+from broker.store.commitlog import LocalCommitLog
 from broker.store.message_store import DefaultMessageStore
 from dledger.config import parse_peers
+
+if TYPE_CHECKING:
+    from dledger.server import DLedgerServer
 
 log = logging.getLogger(__name__)
 
@@ -27,38 +34,59 @@ class BrokerController:
     """One broker. Local mode: always master with the configured brokerId. DLedger mode: the role
     follows the member's Raft role (master = leader, brokerId 0; slaves n0 → 1, n1 → 2, ...)."""
 
-    def __init__(self, config: BrokerConfig, *, dledger_server: Any | None = None) -> None:
+    def __init__(self, config: BrokerConfig, *, dledger_server: DLedgerServer | None = None) -> None:
         config.validate()
         self.config = config
-        self.server: Any | None = None
+        self.server: DLedgerServer | None = None
+        commit_log: CommitLog
         if config.enable_dleger_commit_log:
-            if dledger_server is None:
-                from dledger.server import DLedgerServer
+            # The consensus package, imported only in DLedger mode.
+            from broker.store.dledger_commitlog import DLedgerCommitLog
+            from dledger.server import DLedgerServer
 
+            if dledger_server is None:
                 dconf = config.to_dledger_config()
                 dconf.validate()
                 dledger_server = DLedgerServer(dconf)
             self.server = dledger_server
+            commit_log = DLedgerCommitLog(config, dledger_server)
+            peers = list(parse_peers(config.dleger_peers))
+            self.role_state = BrokerRoleState.dledger_member(slave_broker_id(config.dleger_self_id, peers))
+        else:
+            commit_log = LocalCommitLog(config)
+            self.role_state = BrokerRoleState.master(config.broker_id)
         self.dledger_server = self.server  # the name the HTTP context looks for
-        self.store = DefaultMessageStore(config, self.server)
-        self.role_changes = 0  # exported as a metric by the HTTP layer
-        self.term = -1
+        self.store = DefaultMessageStore(config, commit_log, self.role_state)
+        self.role_change_handler: DLedgerRoleChangeHandler | None = None
+        if self.server is not None:
+            self.role_change_handler = DLedgerRoleChangeHandler(config, self.role_state, self.store,
+                                                                self.server.member_state)
         self._listeners: list[RoleListener] = []
         self._listener_tasks: set[asyncio.Task[Any]] = set()
-        if self.server is not None:
-            self.role = BrokerRole.SLAVE
-            self.broker_id = self._slave_id()
-            self.role_change_handler: DLedgerRoleChangeHandler | None = DLedgerRoleChangeHandler(self)
-        else:
-            self.role = BrokerRole.MASTER
-            self.broker_id = config.broker_id
-            self.role_change_handler = None
+        self.role_state.add_listener(self._role_changed)
 
     # ---- queries ------------------------------------------------------------------------------
 
     @property
+    def role(self) -> BrokerRole:
+        return self.role_state.role
+
+    @property
+    def broker_id(self) -> int:
+        return self.role_state.broker_id
+
+    @property
+    def term(self) -> int:
+        return self.role_state.term
+
+    @property
+    def role_changes(self) -> int:
+        """Role changes since start (exported as a metric by the HTTP layer)."""
+        return self.role_state.role_changes
+
+    @property
     def is_master(self) -> bool:
-        return self.role == BrokerRole.MASTER
+        return self.role_state.is_master
 
     @property
     def master_addr(self) -> str | None:
@@ -81,7 +109,7 @@ class BrokerController:
         self._listeners.append(listener)
 
     async def start(self) -> None:
-        if self.server is not None:
+        if self.server is not None and self.role_change_handler is not None:
             self.server.register_role_change_handler(self.role_change_handler)
         await self.store.start()
         log.info("event=broker_started broker=%s role=%s brokerId=%d addr=%s", self.config.broker_name,
@@ -95,35 +123,12 @@ class BrokerController:
         await self.store.shutdown()
         log.info("event=broker_stopped broker=%s", self.config.broker_name)
 
-    # ---- role transitions (called by DLedgerRoleChangeHandler) ----------------------------------
+    # ---- role changes ---------------------------------------------------------------------------
 
-    def change_to_master(self, term: int) -> None:
-        """Become master: brokerId 0, writes accepted."""
-        old = (self.role, self.broker_id)
-        self.term = term
-        self.role, self.broker_id = BrokerRole.MASTER, 0
-        self.store.is_master = True
-        self._changed(old, term, "LEADER")
-
-    def change_to_slave(self, term: int, dledger_role: str) -> None:
-        """Become slave: brokerId = member number + 1, writes refused with NOT_MASTER."""
-        old = (self.role, self.broker_id)
-        self.term = term
-        self.store.is_master = False
-        self.role = BrokerRole.SLAVE
-        self.broker_id = self._slave_id()
-        self._changed(old, term, dledger_role)
-
-    def _slave_id(self) -> int:
-        return slave_broker_id(self.config.dleger_self_id, list(parse_peers(self.config.dleger_peers)))
-
-    def _changed(self, old: tuple[BrokerRole, int], term: int, dledger_role: str) -> None:
-        if old == (self.role, self.broker_id):
-            return
-        self.role_changes += 1
+    def _role_changed(self, state: BrokerRoleState, old_role: BrokerRole, old_id: int, why: str) -> None:
         log.info("event=broker_role_change broker=%s selfId=%s term=%d dledgerRole=%s role=%s->%s "
-                 "brokerId=%d->%d masterAddr=%s", self.config.broker_name, self.config.dleger_self_id, term,
-                 dledger_role, old[0].value, self.role.value, old[1], self.broker_id, self.master_addr)
+                 "brokerId=%d->%d masterAddr=%s", self.config.broker_name, self.config.dleger_self_id,
+                 state.term, why, old_role.value, state.role.value, old_id, state.broker_id, self.master_addr)
         for listener in self._listeners:
             try:
                 res = listener(self)

@@ -36,6 +36,7 @@ import struct
 import time
 import uuid
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, SIMD: ~15x faster on 100 KB entries
 
@@ -57,6 +58,33 @@ MAX_PROPERTIES_LENGTH = 32767
 # STORETS STOREHOST(ip,port) RECONSUMETIMES PREPARED_TX_OFFSET BODYLEN
 HEAD = struct.Struct(">iiiiiqqiq4sIq4sIiqi")
 assert HEAD.size == BODY_LENGTH_POSITION + 4
+
+
+class MessageHead(NamedTuple):
+    """The fixed 88 bytes of a stored message (`HEAD`, fields in layout order; hosts as IPv4
+    bytes and port)."""
+
+    total_size: int
+    magic_code: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    physical_offset: int
+    sys_flag: int
+    born_timestamp: int
+    born_ip: bytes
+    born_port: int
+    store_timestamp: int
+    store_ip: bytes
+    store_port: int
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body_length: int
+
+
+assert len(MessageHead._fields) == len(HEAD.unpack(bytes(HEAD.size)))
+_make_head = MessageHead._make
 INT = struct.Struct(">i")
 LONG = struct.Struct(">q")
 
@@ -310,6 +338,13 @@ def keyed_plain_key(data: bytes | memoryview, topic_at: int, msg_end: int, topic
     return str(props[len(_KEYED_HEAD):key_end], "utf-8", "replace")
 
 
+@functools.lru_cache(maxsize=10_000)
+def topic_name(raw: bytes) -> str:
+    """The topic whose stored UTF-8 bytes are `raw` (cached: a store sees few topics; the
+    dispatcher and the append hook look one up per run of messages)."""
+    return str(raw, "utf-8", "replace")
+
+
 @functools.lru_cache(maxsize=4096)
 def _topic_field(topic: str) -> bytes:
     """TOPIC as stored (length byte + UTF-8), cached per topic; INVALID_TOPIC outside 1-127 bytes."""
@@ -414,10 +449,6 @@ def encode_batch(msgs: list[Message], *, queue_id: int, store_host: str,
     return out
 
 
-def read_total_size(data: bytes | bytearray | memoryview, offset: int = 0) -> int:
-    return INT.unpack_from(data, offset)[0]
-
-
 def _corrupt(detail: str, phys: int | None) -> BrokerError:
     where = f" at commit-log offset {phys}" if phys is not None else ""
     return BrokerError(BrokerCode.MESSAGE_CORRUPTED, detail + where, commitLogOffset=phys)
@@ -450,20 +481,20 @@ def check_layout(data: bytes | bytearray | memoryview, phys: int | None = None) 
 
 
 def parse_message(data: bytes | bytearray | memoryview, phys: int | None = None,
-                  check_crc: bool = True) -> tuple[tuple, int, int]:
+                  check_crc: bool = True) -> tuple[MessageHead, int, int]:
     """Validate the message at `data[0:]` (the checks of `check_layout`, then the body CRC unless
-    `check_crc` is False) with a single header unpack. Returns (HEAD fields, topic start,
-    properties start). Raises MESSAGE_CORRUPTED. The body is not copied."""
+    `check_crc` is False) with a single header unpack. Returns (head, topic start, properties
+    start). Raises MESSAGE_CORRUPTED. The body is not copied."""
     n = len(data)
     if n < FIXED_OVERHEAD:
         raise _corrupt(f"message truncated: {n} bytes < {FIXED_OVERHEAD}", phys)
-    head = HEAD.unpack_from(data, 0)
-    total = head[0]
-    if head[1] != MESSAGE_MAGIC_CODE:
-        raise _corrupt(f"bad magic code {head[1] & 0xFFFFFFFF:#010x}", phys)
+    head = _make_head(HEAD.unpack_from(data, 0))
+    total = head.total_size
+    if head.magic_code != MESSAGE_MAGIC_CODE:
+        raise _corrupt(f"bad magic code {head.magic_code & 0xFFFFFFFF:#010x}", phys)
     if total < FIXED_OVERHEAD or total > n:
         raise _corrupt(f"bad total size {total} (have {n} bytes)", phys)
-    body_len = head[16]
+    body_len = head.body_length
     topic_at = BODY_LENGTH_POSITION + 4 + body_len
     if body_len < 0 or topic_at + 3 > total:
         raise _corrupt(f"bad body length {body_len} for total size {total}", phys)
@@ -475,8 +506,8 @@ def parse_message(data: bytes | bytearray | memoryview, phys: int | None = None,
         raise _corrupt(f"bad properties length {props_len}: fields do not add up to {total}", phys)
     if check_crc:
         crc = crc32(data[BODY_LENGTH_POSITION + 4:topic_at]) & 0x7FFFFFFF
-        if crc != head[2]:
-            raise _corrupt(f"body CRC mismatch (stored {head[2]}, computed {crc})", phys)
+        if crc != head.body_crc:
+            raise _corrupt(f"body CRC mismatch (stored {head.body_crc}, computed {crc})", phys)
     return head, topic_at, props_at
 
 
@@ -487,7 +518,7 @@ def decode_message(data: bytes | bytearray | memoryview, phys: int | None = None
     return message_ext_from(data, head, topic_at, props_at, phys)
 
 
-def message_ext_from(data: bytes | bytearray | memoryview, head: tuple, topic_at: int, props_at: int,
+def message_ext_from(data: bytes | bytearray | memoryview, head: MessageHead, topic_at: int, props_at: int,
                      phys: int | None = None) -> MessageExt:
     """A `MessageExt` from a message `parse_message` has validated (its results passed in)."""
     (total, _, crc, queue_id, flag, queue_offset, phys_offset, sys_flag, born_ts, born_ip, born_port,
@@ -547,15 +578,9 @@ class DispatchInfo:
 def decode_dispatch_info(data: bytes | bytearray | memoryview, phys: int | None = None) -> DispatchInfo:
     """Header, topic and properties of the message at `data[0:]` (sizes validated, CRC not checked)."""
     head, topic_at, props_at = parse_message(data, phys, check_crc=False)
-    total = head[0]
+    total = head.total_size
     topic = str(data[topic_at + 1:props_at], "utf-8", "replace")
-    return DispatchInfo(topic, head[3], head[5], head[6], total, head[11], unpack_host(head[12], head[13]),
+    return DispatchInfo(topic, head.queue_id, head.queue_offset, head.physical_offset, total,
+                        head.store_timestamp, unpack_host(head.store_ip, head.store_port),
                         bytes(data[props_at + 2:total]))
 
-
-def read_topic_and_queue(data: bytes | bytearray | memoryview) -> tuple[str, int]:
-    """(topic, queue id) of the message at `data[0:]` — the append hook's fast path."""
-    body_len = INT.unpack_from(data, BODY_LENGTH_POSITION)[0]
-    topic_at = BODY_LENGTH_POSITION + 4 + body_len
-    topic = bytes(data[topic_at + 1:topic_at + 1 + data[topic_at]]).decode("utf-8", "replace")
-    return topic, INT.unpack_from(data, QUEUE_ID_POSITION)[0]

@@ -12,23 +12,21 @@ change of the member (synchronously, from the elector) and schedules the switch 
 - FOLLOWER / CANDIDATE: become a slave at once (brokerId = member number + 1, RocketMQ's rule:
   n0 → 1), refuse writes with NOT_MASTER naming the master, keep serving committed reads.
 
-Every change is logged (old → new role, term) and counted (`BrokerController.role_changes`).
+The handler switches the controller's `BrokerRoleState`; every change is logged (old → new role,
+term) and counted there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any
 
+from broker.config import BrokerConfig
 from broker.errors import BrokerError
+from broker.role import BrokerRoleState
+from broker.store.message_store import DefaultMessageStore
 from broker.topics import SYS_BROKER_MEMBERS
-
-if TYPE_CHECKING:
-    from broker.controller import BrokerController
-    from broker.store.message_store import DefaultMessageStore
+from dledger.member_state import MemberState, Role
 
 log = logging.getLogger(__name__)
 
@@ -36,56 +34,46 @@ CATCH_UP_POLL_S = 0.02
 MEMBER_RECORD_RETRY_S = 0.1
 
 
-class BrokerRole(StrEnum):
-    MASTER = "MASTER"
-    SLAVE = "SLAVE"
-
-
-def slave_broker_id(self_id: str, peer_ids: list[str]) -> int:
-    """brokerId of a slave: the member number in `selfId` + 1 (n0 → 1, n2 → 3), as RocketMQ does;
-    for ids without a number, the member's position in the sorted peer list + 1."""
-    m = re.search(r"(\d+)$", self_id)
-    if m:
-        return int(m.group(1)) + 1
-    return sorted(peer_ids).index(self_id) + 1 if self_id in peer_ids else 1
-
-
 class DLedgerRoleChangeHandler:
-    """Callable registered on the DLedger server: `handler(term, role)`."""
+    """Callable registered on the DLedger server: `handler(term, role)`. Collaborators: the
+    broker's role (switched here), its store (catch-up, the member record) and the DLedger
+    member state (is this member still leader of the term?)."""
 
-    def __init__(self, controller: BrokerController) -> None:
-        self.controller = controller
+    def __init__(self, config: BrokerConfig, role: BrokerRoleState, store: DefaultMessageStore,
+                 member_state: MemberState) -> None:
+        self.config = config
+        self.role = role
+        self.store = store
+        self.member_state = member_state
         self._task: asyncio.Task[None] | None = None
 
-    def __call__(self, term: int, role: Any) -> None:
+    def __call__(self, term: int, role: Role) -> None:
         """Called by the elector on every role change; the switch runs as a task (the newest
         change cancels a switch still in progress)."""
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        role_name = str(getattr(role, "value", role))
-        self._task = asyncio.get_running_loop().create_task(self._handle(term, role_name),
-                                                            name=f"role-change-{term}-{role_name}")
+        self._task = asyncio.get_running_loop().create_task(self._handle(term, role),
+                                                            name=f"role-change-{term}-{role.value}")
 
-    async def _handle(self, term: int, role: str) -> None:
+    async def _handle(self, term: int, role: Role) -> None:
         try:
-            if role == "LEADER":
+            if role == Role.LEADER:
                 await self._become_master(term)
             else:
-                self.controller.change_to_slave(term, role)
+                self.role.change_to_slave(term, role.value)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("event=role_change_failed broker=%s term=%d role=%s",
-                          self.controller.config.broker_name, term, role)
+                          self.config.broker_name, term, role.value)
 
     def _still_leader(self, term: int) -> bool:
-        ms = self.controller.server.member_state
+        ms = self.member_state
         return ms.is_leader() and ms.curr_term == term
 
     async def _become_master(self, term: int) -> None:
-        ctl = self.controller
-        store = ctl.store
-        ctl.change_to_slave(term, "LEADER(catching up)")  # no writes until caught up
+        store = self.store
+        self.role.change_to_slave(term, "LEADER(catching up)")  # no writes until caught up
         while True:
             if not self._still_leader(term):
                 return
@@ -93,7 +81,7 @@ class DLedgerRoleChangeHandler:
                 break
             await asyncio.sleep(CATCH_UP_POLL_S)
         store.recover_topic_queue_table()
-        record = {"selfId": ctl.config.dleger_self_id, "addr": ctl.config.broker_addr, "term": term}
+        record = {"selfId": self.config.dleger_self_id, "addr": self.config.broker_addr, "term": term}
         while True:
             if not self._still_leader(term):
                 return
@@ -102,12 +90,12 @@ class DLedgerRoleChangeHandler:
                 break
             except BrokerError as exc:
                 log.warning("event=member_record_retry broker=%s term=%d reason=%s",
-                            ctl.config.broker_name, term, exc)
+                            self.config.broker_name, term, exc)
                 await asyncio.sleep(MEMBER_RECORD_RETRY_S)
                 if self._still_leader(term) and store.dispatch_caught_up():
                     store.recover_topic_queue_table()
         if self._still_leader(term):
-            ctl.change_to_master(term)
+            self.role.change_to_master(term, Role.LEADER.value)
 
     async def stop(self) -> None:
         if self._task is not None and not self._task.done():

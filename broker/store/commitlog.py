@@ -1,14 +1,16 @@
-"""`CommitLog`: the local, single-node commit log (RocketMQ's `CommitLog` on a `MappedFileQueue`).
+"""`LocalCommitLog`: the local, single-node commit log (RocketMQ's `CommitLog` on a `MappedFileQueue`).
 
 Messages in RocketMQ's v1 layout (`broker.message`) are appended back to back into
 `mappedFileSizeCommitLog`-byte files under `{storePathRootDir}/commitlog/`, named by their 20-digit
 start offset; a message never spans files (the rest of a full file holds a blank record, magic -1
 then its length, as `dledger.store.file_list.MmapFileList` writes it). A message's physical offset
-is its global byte position, written into PHYSICALOFFSET when it is encoded.
+is its global byte position, written into PHYSICALOFFSET when it is written.
 
-Recovery scans the last three files message by message (sizes, magic and body CRC) and cuts the log
-at the first torn or garbage record, so a crash mid-write loses only the unacknowledged tail.
-Everything written is committed in this mode: `committed_offset` is the write position.
+Everything written is committed in this mode: a put assigns queue offsets from the topic-queue
+table and physical offsets, writes, and feeds what it wrote to the dispatcher before it returns
+(with `SYNC_FLUSH`, after the fsync). Recovery scans the last three files message by message
+(sizes, magic and body CRC) and cuts the log at the first torn or garbage record, so a crash
+mid-write loses only the unacknowledged tail.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import shutil
 import struct
 import time
 
+from broker.config import BrokerConfig
 from broker.errors import BrokerCode, BrokerError
-from broker.message import decode_message, read_total_size
+from broker.message import QUEUE_OFFSET_POSITION, decode_message
+from broker.store.base import Dispatcher, Placed, TopicQueueTable
 from dledger.codes import DLedgerException
 from dledger.entry import BLANK_MAGIC_CODE
 from dledger.store.file_list import MmapFileList
@@ -29,23 +33,29 @@ from dledger.store.file_list import MmapFileList
 log = logging.getLogger(__name__)
 
 _INT = struct.Struct(">i")
+_STAMP = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET: adjacent in the message head
+_ASYNC_FLUSH_INTERVAL_S = 0.5
 
 
-class CommitLog:
-    """Local commit log. Callers: `DefaultMessageStore` (append, read, recovery, flush)."""
+class LocalCommitLog:
+    """Local commit log (a `broker.store.base.CommitLog`). Caller: `DefaultMessageStore`."""
 
-    def __init__(self, store_root: str, file_size: int, sync_flush: bool = False) -> None:
-        self.store_path = os.path.join(store_root, "commitlog")
-        self.files = MmapFileList(self.store_path, file_size)
-        self.sync_flush = sync_flush
-        self._flush_task: asyncio.Task | None = None
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.store_path = os.path.join(config.store_path_root_dir, "commitlog")
+        self.files = MmapFileList(self.store_path, config.mapped_file_size_commit_log)
+        self.sync_flush = config.flush_disk_type == "SYNC_FLUSH"
+        self.topic_queue_table: TopicQueueTable = {}
+        self._dispatcher: Dispatcher | None = None
+        self._flush_task: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
-    async def prepare(self) -> None:
+    async def prepare(self, dispatcher: Dispatcher) -> None:
         """Load and recover the files (before consume queues are checked against `data_end`)."""
+        self._dispatcher = dispatcher
         await asyncio.to_thread(self._load_and_recover)
 
     def _load_and_recover(self) -> None:
@@ -53,7 +63,9 @@ class CommitLog:
         self.recover()
 
     async def start(self) -> None:
-        """Start the background flush (ASYNC_FLUSH: every 500 ms)."""
+        """Dispatch what was written after the dispatcher's position (a restart after a crash),
+        then start the background flush (ASYNC_FLUSH: every 500 ms)."""
+        self._feed()
         self._flush_task = asyncio.get_running_loop().create_task(self._flush_loop())
 
     async def shutdown(self) -> None:
@@ -66,7 +78,7 @@ class CommitLog:
     async def _flush_loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                await asyncio.wait_for(self._stopping.wait(), 0.5)
+                await asyncio.wait_for(self._stopping.wait(), _ASYNC_FLUSH_INTERVAL_S)
             except TimeoutError:
                 pass
             if self.files.dirty_files():
@@ -114,11 +126,11 @@ class CommitLog:
 
     # ---- retention ----------------------------------------------------------------------------
 
-    def delete_expired(self, delete_when: str, reserved_hours: int, max_used_ratio: float,
-                       max_end_offset: int, now: float | None = None) -> int:
+    def delete_expired(self, keep_from: int, now: float | None = None) -> int:
         """RocketMQ's clean-up: at a `deleteWhen` hour, or when the disk is fuller than
-        `max_used_ratio`, delete files older than `reserved_hours` (never the last file, never
-        data not yet dispatched). Returns the number of files deleted."""
+        `diskMaxUsedSpaceRatio`, delete files older than `fileReservedTime` hours (never the last
+        file, never one holding data at or above `keep_from`). Returns the number deleted."""
+        cfg = self.config
         now = time.time() if now is None else now
         hour = time.localtime(now).tm_hour
         try:
@@ -126,11 +138,11 @@ class CommitLog:
             used = (usage.total - usage.free) / usage.total if usage.total else 0.0
         except OSError:
             used = 0.0
-        due = hour in {int(h) for h in delete_when.split(";") if h.strip().isdigit()}
-        if not due and used < max_used_ratio:
+        due = hour in {int(h) for h in cfg.delete_when.split(";") if h.strip().isdigit()}
+        if not due and used < cfg.disk_max_used_space_ratio / 100:
             return 0
-        return self.files.delete_expired_files(reserved_hours * 3600 * 1000, int(now * 1000),
-                                               max_end_offset=max_end_offset)
+        return self.files.delete_expired_files(cfg.file_reserved_time * 3600 * 1000, int(now * 1000),
+                                               max_end_offset=keep_from)
 
     # ---- positions ----------------------------------------------------------------------------
 
@@ -143,10 +155,46 @@ class CommitLog:
         """End of written (= committed, in local mode) data."""
         return self.files.max_wrote_position
 
-    committed_offset = max_offset
     data_end = max_offset
 
-    def next_position(self, size: int) -> int:
+    @property
+    def leader_id(self) -> str | None:
+        return None
+
+    def dispatch_caught_up(self) -> bool:
+        return True  # every write is dispatched before the put returns
+
+    def write_refusal(self) -> BrokerError | None:
+        return None
+
+    # ---- writing and reading ------------------------------------------------------------------
+
+    async def put(self, topic: str, queue_id: int, bufs: list[bytearray]) -> list[Placed]:
+        """Assign queue offsets and physical offsets and write — no await in between, so
+        concurrent puts cannot interleave — then dispatch what is now committed; with
+        `SYNC_FLUSH`, return after the fsync."""
+        limit = self.files.file_size - 8
+        for b in bufs:
+            if len(b) > limit:
+                raise BrokerError(BrokerCode.MESSAGE_TOO_LARGE,
+                                  f"message of {len(b)} bytes exceeds a commit-log file ({limit} usable)")
+        key = (topic, queue_id)
+        table = self.topic_queue_table
+        placed = []
+        for b in bufs:
+            qoff = table.get(key, 0)
+            table[key] = qoff + 1
+            phys = self._next_position(len(b))
+            _STAMP.pack_into(b, QUEUE_OFFSET_POSITION, qoff, phys)
+            at = self.files.append(b)
+            assert at == phys, (at, phys)
+            placed.append(Placed(phys, len(b), queue_id, qoff))
+        self._feed()
+        if self.sync_flush:
+            await self.flush()
+        return placed
+
+    def _next_position(self, size: int) -> int:
         """Where a message of `size` bytes will land (after any roll-over)."""
         try:
             return self.files.next_append_pos(size)
@@ -155,11 +203,19 @@ class CommitLog:
                               f"message of {size} bytes does not fit a commit-log file: "
                               f"{exc.detail}") from None
 
-    # ---- writing and reading ------------------------------------------------------------------
-
-    def append(self, data: bytes | bytearray) -> int:
-        """Append one encoded message; returns its physical offset."""
-        return self.files.append(data)
+    def _feed(self) -> None:
+        """Dispatch everything between the dispatcher's position and the end of the log."""
+        dispatcher = self._dispatcher
+        assert dispatcher is not None, "prepare() first"
+        pos = dispatcher.reput_offset
+        while True:
+            pos, size = self._next_record(pos)
+            if size <= 0:
+                break
+            dispatcher.dispatch(self.get_data(pos, size), pos)
+            pos += size
+        dispatcher.skip_to(pos)  # past blank records at a file's end
+        dispatcher.dispatch_done()
 
     def get_data(self, phys: int, size: int) -> memoryview:
         """Bytes of a stored message; MESSAGE_NOT_FOUND outside the written range."""
@@ -172,13 +228,9 @@ class CommitLog:
         except DLedgerException as exc:
             raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND, exc.detail, commitLogOffset=phys) from None
 
-    def message_size_at(self, phys: int) -> int:
-        """TOTALSIZE of the message at `phys` (-1 for a blank record)."""
-        return read_total_size(self.get_data(phys, 4))
-
-    def next_record(self, pos: int) -> tuple[int, int]:
-        """For the dispatcher: (position of the next message at or after `pos`, its size), skipping
-        blank records; (pos, 0) when nothing more is written."""
+    def _next_record(self, pos: int) -> tuple[int, int]:
+        """(position of the next message at or after `pos`, its size), skipping blank records;
+        (pos, 0) when nothing more is written."""
         while pos < self.max_offset:
             mf = self.files.find_file(pos)
             if mf is None:

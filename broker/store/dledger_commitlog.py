@@ -13,10 +13,11 @@ for each message in it, it writes the message's own position at `PHY_POS_POSITIO
 queue offset (QUEUEOFFSET) from the topic-queue table, so queue offsets follow log order exactly
 however many puts run at once. Followers store the leader's bytes unchanged.
 
-`put(bufs)` appends a batch through `server.append` and returns after commit. Reads go straight to
-the DLedger data files by (physical offset, size), bounded by the committed position. The store is
-the server's `StateMachine`: `on_apply` gets committed entries in index order and dispatches their
-messages (skipping the no-op entry, magic 2, and anything that is not a message).
+`put` appends a batch through `server.append` and returns after commit. Reads go straight to
+the DLedger data files by (physical offset, size), bounded by the committed position. The
+dispatcher is fed through the server's `StateMachine` (`BrokerStateMachine`): `on_apply` gets
+committed entries in index order, on every member, and their messages are dispatched (skipping the
+no-op entry, magic 2, and anything that is not a message).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from broker.config import BrokerConfig
 from broker.errors import BrokerCode, BrokerError
@@ -35,12 +36,15 @@ from broker.message import (
     PHY_POS_POSITION,
     QUEUE_ID_POSITION,
     QUEUE_OFFSET_POSITION,
+    topic_name,
 )
+from broker.store.base import Dispatcher, Placed, TopicQueueTable
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.entry import BODY_OFFSET, MAGIC_NORMAL, DLedgerEntry
+from dledger.statemachine import StateMachine
 
 if TYPE_CHECKING:
-    from broker.store.message_store import DefaultMessageStore
+    from dledger.server import DLedgerServer
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +66,9 @@ _NOT_MASTER_CODES = {_E.NOT_LEADER, _E.LEADER_TRANSFERRING, _E.LEADER_NOT_READY,
 _OUTCOME_UNKNOWN_CODES = {_E.WAIT_QUORUM_ACK_TIMEOUT, _E.TERM_CHANGED, _E.TIMEOUT, _E.NETWORK_ERROR}
 
 
-class BrokerStateMachine:
-    """The broker's reput dispatcher as a DLedger `StateMachine` (duck-typed to the contract in
-    `dledger/statemachine.py`): committed entries → consume queues, on every member."""
+class BrokerStateMachine(StateMachine):
+    """The broker's reput dispatcher as a DLedger `StateMachine`: committed entries → consume
+    queues, on every member."""
 
     def __init__(self, commit_log: DLedgerCommitLog) -> None:
         self.commit_log = commit_log
@@ -75,61 +79,54 @@ class BrokerStateMachine:
     def last_applied_index(self) -> int:
         return self.commit_log.applied_index
 
-    async def on_shutdown(self) -> None:
-        return None
-
 
 class DLedgerCommitLog:
-    """Commit log over an embedded DLedger server. Callers: `DefaultMessageStore`."""
+    """Commit log over an embedded DLedger server (a `broker.store.base.CommitLog`). Caller:
+    `DefaultMessageStore`; the server is the controller's."""
 
-    def __init__(self, store: DefaultMessageStore, config: BrokerConfig, server: Any | None = None) -> None:
-        self.store = store
+    def __init__(self, config: BrokerConfig, server: DLedgerServer) -> None:
         self.config = config
-        if server is None:
-            from dledger.server import DLedgerServer  # the consensus package; imported only in DLedger mode
-
-            dconf = config.to_dledger_config()
-            dconf.validate()
-            server = DLedgerServer(dconf)
         self.server = server
         self.dstore = server.store
+        self.topic_queue_table: TopicQueueTable = {}
         self.applied_index = -1
         self.pack_bytes = max(1, min(_PACK_BYTES, config.mapped_file_size_commit_log // 8))
-        self.state_machine = BrokerStateMachine(self)
+        self._dispatcher: Dispatcher | None = None
         self.dstore.add_append_hook(self._append_hook)
         self._ctx = f"group={config.dleger_group or config.broker_name} selfId={config.dleger_self_id}"
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
-    async def prepare(self) -> None:
+    async def prepare(self, dispatcher: Dispatcher) -> None:
         """Recover the DLedger store now, so consume queues can be checked against its data
         before the server (and the state machine caller) start."""
+        self._dispatcher = dispatcher
         recover = getattr(self.dstore, "recover", None)
         if recover is not None:
             await asyncio.to_thread(recover)
 
     async def start(self) -> None:
-        """Resume dispatch after the last message the consume queues hold, then start the server."""
-        self.applied_index = self._index_of_last_dispatched()
-        self.server.set_state_machine(self.state_machine)
+        """Resume dispatch at the entry holding the last dispatched message, then start the server."""
+        dispatcher = self._require_dispatcher()
+        self.applied_index = self._index_of_last_dispatched(dispatcher)
+        self.server.set_state_machine(BrokerStateMachine(self))
         await self.server.start()
         log.info("event=dledger_commitlog_started %s applied_index=%d reput_offset=%d", self._ctx,
-                 self.applied_index, self.store.reput_offset)
+                 self.applied_index, dispatcher.reput_offset)
 
     async def shutdown(self) -> None:
         await self.server.shutdown()
 
-    def _index_of_last_dispatched(self) -> int:
+    def _require_dispatcher(self) -> Dispatcher:
+        assert self._dispatcher is not None, "prepare() first"
+        return self._dispatcher
+
+    def _index_of_last_dispatched(self, dispatcher: Dispatcher) -> int:
         """Index of the entry before the one holding the message that ends at reput_offset, so that
         entry is applied again: its other messages may not have been dispatched before a stop
         (-1: start from the beginning; messages below reput_offset are skipped by `dispatch`)."""
-        end = self.store.reput_offset
-        phys = None
-        for cq in self.store.consume_queues.values():
-            if cq.max_phys_end == end and cq.max_offset > cq.min_offset:
-                phys, _, _ = cq.get_unit(cq.max_offset - 1)
-                break
-        if phys is None:
+        phys = dispatcher.last_dispatched_phys()
+        if phys < 0:
             return -1
         found = self.entry_index_at(phys)
         return found - 1 if found >= 0 else -1
@@ -177,6 +174,17 @@ class DLedgerCommitLog:
     def leader_id(self) -> str | None:
         return self.server.member_state.leader_id
 
+    def write_refusal(self) -> BrokerError | None:
+        if self.server.write_refusal() == _E.DISK_FULL:
+            # We are the DLedger leader but cannot write (not even the no-op / member record):
+            # the disk is the cause, so say so instead of sending the client round to ourselves.
+            return BrokerError(BrokerCode.DISK_FULL, f"broker {self.config.broker_name}: the DLedger "
+                               "store's disk is over diskFullRatio; writes resume once space is freed")
+        return None
+
+    def delete_expired(self, keep_from: int) -> int:
+        return 0  # DLedger's CleanSpaceService deletes expired data files
+
     def dispatch_caught_up(self) -> bool:
         """RocketMQ's condition before a new leader serves: the ledger is empty, or its end is
         committed and every committed entry is applied (dispatched)."""
@@ -196,7 +204,7 @@ class DLedgerCommitLog:
         end = len(view)
         off = body_offset
         base = entry.pos
-        table = self.store.queue_offset_table
+        table = self.topic_queue_table
         key: tuple[str, int] | None = None
         run_topic = b""
         run_qid = next_qoff = -1
@@ -215,7 +223,7 @@ class DLedgerCommitLog:
                         table[key] = next_qoff
                     # Topic bytes copied out (no view kept: the store unmaps files only without views).
                     run_topic, run_qid = bytes(view[topic_at + 1:topic_end]), queue_id
-                    key = (self.store.topic_name(run_topic), queue_id)
+                    key = (topic_name(run_topic), queue_id)
                     next_qoff = table.get(key, 0)
                 stamp(view, off + QUEUE_OFFSET_POSITION, next_qoff, base + off)
                 next_qoff += 1
@@ -226,9 +234,9 @@ class DLedgerCommitLog:
 
     # ---- writing --------------------------------------------------------------------------------
 
-    async def put(self, bufs: list[bytearray]) -> list[tuple[int, int, int, int]]:
-        """Append a batch through the DLedger server (leader only); returns after commit with
-        (phys offset, size, queue id, queue offset) of each message."""
+    async def put(self, topic: str, queue_id: int, bufs: list[bytearray]) -> list[Placed]:
+        """Append a batch through the DLedger server (leader only); returns after commit. The
+        append hook assigns the queue offsets (it reads topic and queue from the bytes)."""
         groups: list[list[bytearray]] = []
         limit = self.pack_bytes
         size = limit
@@ -250,12 +258,12 @@ class DLedgerCommitLog:
             if last[0] == first[0] and last[1] == first[1] + len(group) - 1:
                 qid, qoff = first
                 for i, b in enumerate(group):
-                    out.append((phys, len(b), qid, qoff + i))
+                    out.append(Placed(phys, len(b), qid, qoff + i))
                     phys += len(b)
             else:
                 for b in group:
                     qid, qoff = self._stamped(phys)
-                    out.append((phys, len(b), qid, qoff))
+                    out.append(Placed(phys, len(b), qid, qoff))
                     phys += len(b)
         return out
 
@@ -264,12 +272,11 @@ class DLedgerCommitLog:
         head = self.dstore.get_data(phys, QUEUE_OFFSET_POSITION + 8)
         return _INT.unpack_from(head, QUEUE_ID_POSITION)[0], _LONG.unpack_from(head, QUEUE_OFFSET_POSITION)[0]
 
-    def _broker_error(self, exc: DLedgerException) -> BrokerError:
+    @staticmethod
+    def _broker_error(exc: DLedgerException) -> BrokerError:
         code = exc.code
-        if code in _NOT_MASTER_CODES:
-            err = self.store.not_master_error()
-            err.detail = f"{err.detail} (DLedger: {code.name})"
-            return err
+        if code in _NOT_MASTER_CODES:  # the store names the master (it knows the members)
+            return BrokerError(BrokerCode.NOT_MASTER, f"DLedger: {code.name}")
         if code in _OUTCOME_UNKNOWN_CODES:
             return BrokerError(BrokerCode.TIMEOUT, f"not confirmed by a majority ({code.name}); the outcome "
                                "is unknown: retry with the same idempotency key", outcome="unknown")
@@ -286,7 +293,7 @@ class DLedgerCommitLog:
         committed position, or below what was dispatched (committed earlier, including what any
         consume queue held at start; after a restart the committed position is learnt again from
         the leader)."""
-        end = max(self.max_offset, self.store.reput_offset, self.store.recovered_end)
+        end = max(self.max_offset, self._require_dispatcher().readable_end)
         if size <= 0 or phys < self.min_offset or phys + size > end:
             raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND, f"commit-log offset {phys} size {size} outside "
                               f"committed range [{self.min_offset}, {end})", commitLogOffset=phys)
@@ -309,15 +316,15 @@ class DLedgerCommitLog:
             log.exception("event=dispatch_failed %s", self._ctx)
             raise DLedgerException(_E.INTERNAL_ERROR, f"broker dispatch failed: {exc}") from exc
         finally:
-            self.store.dispatch_done()
+            self._require_dispatcher().dispatch_done()
 
     def _apply(self, entries: list[DLedgerEntry]) -> None:
-        store = self.store
+        dispatcher = self._require_dispatcher()
         for entry in entries:
             if entry.index <= self.applied_index:
                 continue
             if entry.magic == MAGIC_NORMAL and entry.size - BODY_OFFSET >= FIXED_OVERHEAD \
-                    and entry.pos + entry.size > store.reput_offset:
+                    and entry.pos + entry.size > dispatcher.reput_offset:
                 base = entry.pos + BODY_OFFSET
                 data: bytes | memoryview | None = entry.body
                 if data is None or len(data) != entry.size - BODY_OFFSET:
@@ -328,5 +335,5 @@ class DLedgerCommitLog:
                                   entry.index, entry.pos, exc)
                         data = None
                 if data is not None and _INT.unpack_from(data, 4)[0] == MESSAGE_MAGIC_CODE:
-                    store.dispatch_packed(data, base)
+                    dispatcher.dispatch_packed(data, base)
             self.applied_index = entry.index

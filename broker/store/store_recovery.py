@@ -1,7 +1,8 @@
-"""Start-up recovery and housekeeping of `DefaultMessageStore` (kept apart: one idea per module).
+"""Start-up recovery of `DefaultMessageStore`, and the dispatch checkpoint.
 
-Called by the store: `load_consume_queues` and the replays at start, `clean_expired` from the
-store's housekeeping loop, `flush_queues` in a worker thread.
+Functions over explicit collaborators (the consume queues, a reader of committed bytes, the system
+records, the idempotency table), called by the store: the replays at start, `flush_queues` in a
+worker thread with the checkpoint after it.
 """
 
 from __future__ import annotations
@@ -11,17 +12,18 @@ import os
 import struct
 import time
 import zlib
-from typing import TYPE_CHECKING
-
-import orjson
+from collections.abc import Callable
+from typing import Any
 
 from broker.errors import BrokerError
-from broker.message import decode_dispatch_info, decode_message
+from broker.message import DispatchInfo, decode_dispatch_info
 from broker.store.consume_queue import ConsumeQueue
-from broker.topics import TOPIC_NAME_RE, is_system_topic
+from broker.store.consume_queue_store import ConsumeQueueStore
+from broker.store.system_state import SystemRecords
+from broker.topics import is_system_topic
 
-if TYPE_CHECKING:
-    from broker.store.message_store import DefaultMessageStore
+ReadData = Callable[[int, int], memoryview]
+"""read(commit-log offset, size): the bytes of a committed message (BrokerError if gone)."""
 
 log = logging.getLogger("broker.store.message_store")
 
@@ -79,56 +81,17 @@ def read_dispatch_checkpoint(path: str) -> int | None:
     return offset
 
 
-def clean_expired(store: DefaultMessageStore) -> None:
-    """Local mode: delete expired commit-log files (DLedger cleans its own data files). Both
-    modes: consume-queue units pointing below the log's first byte are no longer served and
-    whole consume-queue files below it are deleted."""
-    cfg = store.config
-    if not store.dledger:
-        store.commit_log.delete_expired(cfg.delete_when, cfg.file_reserved_time,
-                                       cfg.disk_max_used_space_ratio / 100, store.reput_offset)
-    correct_min_offsets(store)
-
-
-def correct_min_offsets(store: DefaultMessageStore) -> None:
-    """Units pointing below the commit log's first byte (deleted files) are no longer served."""
-    min_phys = store.commit_log.min_offset
-    for cq in store.consume_queues.values():
-        if cq.max_offset > cq.min_offset and cq.get_unit(cq.min_offset)[0] < min_phys:
-            cq.correct_min_offset(min_phys)
-            cq.files.delete_files_before(cq.min_logic_offset * 20)
-
-
-def load_consume_queues(store: DefaultMessageStore) -> None:
-    """Open and recover every consume queue under `{storePathRootDir}/consumequeue/`."""
-    os.makedirs(store.cq_root, exist_ok=True)
-    for topic in sorted(os.listdir(store.cq_root)):
-        tdir = os.path.join(store.cq_root, topic)
-        if not TOPIC_NAME_RE.match(topic) or not os.path.isdir(tdir):
-            log.warning("event=cq_dir_ignored path=%s reason=not a topic name", tdir)
-            continue
-        for qname in sorted(os.listdir(tdir)):
-            if not qname.isdigit():
-                continue
-            cq = ConsumeQueue(store.cq_root, topic, int(qname),
-                              store.config.mapped_file_size_consume_queue)
-            cq.load()
-            cq.recover()
-            store.consume_queues[(topic, int(qname))] = cq
-            store.topics.ensure_from_data(topic, int(qname))
-
-
-def replay_system_records(store: DefaultMessageStore) -> None:
+def replay_system_records(queues: ConsumeQueueStore, read: ReadData, system: SystemRecords) -> None:
     """Rebuild topics, offsets, members (and any registered state) from the system topics. A
     record holding a "snapshot" key replaces its state, so each topic's replay starts at its last
     one (found by reading the queue backwards). The records of all system topics are then applied
     merged in log order, as the dispatcher applied them: a topic delete comes after the offsets
     committed before it and before those committed to a re-creation of the topic."""
-    store._replaying = True
+    system.replaying = True
     try:
-        merged: list[tuple[int, str, object]] = []
-        for (topic, _), cq in sorted(store.consume_queues.items()):
-            if topic not in store._system_handlers:
+        merged: list[tuple[int, str, Any]] = []
+        for (topic, _), cq in sorted(queues.items()):
+            if topic not in system:
                 continue
             records = []
             for off in range(cq.max_offset - 1, cq.min_offset - 1, -1):
@@ -136,9 +99,12 @@ def replay_system_records(store: DefaultMessageStore) -> None:
                 if size <= 0:
                     continue
                 try:
-                    record = orjson.loads(decode_message(store.commit_log.get_data(phys, size), phys).body)
-                except (BrokerError, orjson.JSONDecodeError) as exc:
+                    data = read(phys, size)
+                except BrokerError as exc:
                     log.error("event=system_record_unreadable topic=%s phys=%d reason=%s", topic, phys, exc)
+                    continue
+                record = system.read_record(topic, phys, data)
+                if record is None:
                     continue
                 records.append((phys, topic, record))
                 if isinstance(record, dict) and "snapshot" in record:
@@ -147,24 +113,25 @@ def replay_system_records(store: DefaultMessageStore) -> None:
             log.info("event=system_records_replayed topic=%s records=%d", topic, len(records))
         merged.sort(key=lambda r: r[0])
         for phys, topic, record in merged:
-            store.record_phys = phys
-            store._system_handlers[topic](record)
+            system.apply_record(topic, phys, record)
     finally:
-        store._replaying = False
+        system.replaying = False
 
 
-def rebuild_idempotency(store: DefaultMessageStore) -> None:
-    """Idempotency keys of messages stored within the window, from the consume queues."""
-    if store.config.idempotency_window_ms <= 0:
+def rebuild_idempotency(queues: ConsumeQueueStore, read: ReadData,
+                        store_time_of: Callable[[int, int], int | None], window_ms: int,
+                        remember: Callable[[DispatchInfo], None]) -> None:
+    """Idempotency keys of messages stored within the last `window_ms`, from the consume queues."""
+    if window_ms <= 0:
         return
-    since = int(time.time() * 1000) - store.config.idempotency_window_ms
-    for (topic, _), cq in store.consume_queues.items():
+    since = int(time.time() * 1000) - window_ms
+    for (topic, _), cq in queues.items():
         if is_system_topic(topic):
             continue
-        start = cq.offset_for_timestamp(since, store.store_time_of)
+        start = cq.offset_for_timestamp(since, store_time_of)
         for phys, size, _ in cq.get_units(start, cq.max_offset - start):
             try:
-                info = decode_dispatch_info(store.commit_log.get_data(phys, size), phys)
+                info = decode_dispatch_info(read(phys, size), phys)
             except BrokerError:
                 continue
-            store.remember_idempotency(info)
+            remember(info)

@@ -282,7 +282,7 @@ async def test_local_retention_deletes_expired_files_and_moves_min_offset(tmp_pa
     try:
         for i in range(40):
             await s.put_messages("T", [Message("T", b"r" * 4000 + b"%d" % i)], 0)
-        s._clean_expired()
+        s.clean_expired()
         assert s.commit_log.min_offset > 0
         lo = s.min_offset("T", 0)
         assert 0 < lo < 40 and s.max_offset("T", 0) == 40

@@ -1,7 +1,7 @@
 """Broker ids of DLedger members, and the role transitions of a controller (no network)."""
 
 from broker.config import BrokerConfig
-from broker.role_change import BrokerRole, slave_broker_id
+from broker.role import BrokerRole, slave_broker_id
 
 
 def test_slave_broker_id_rocketmq_rule():

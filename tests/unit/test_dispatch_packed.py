@@ -78,14 +78,14 @@ async def test_packed_equals_one_by_one(tmp_path, seed):
             entries.append(entry)
             base = entry[-1][1] + len(entry[-1][0])
         for entry in entries:
-            packed.dispatch_packed(b"".join(m for m, _ in entry), entry[0][1])
+            packed.reput.dispatch_packed(b"".join(m for m, _ in entry), entry[0][1])
             for m, phys in entry:
-                single.dispatch(memoryview(m), phys)
+                single.reput.dispatch(memoryview(m), phys)
         assert state(packed) == state(single)
         assert sum(len(u) for u in state(packed)["units"].values()) == sum(len(e) for e in entries)
         before = state(packed)
         for entry in entries:  # replay after a restart: nothing changes
-            packed.dispatch_packed(b"".join(m for m, _ in entry), entry[0][1])
+            packed.reput.dispatch_packed(b"".join(m for m, _ in entry), entry[0][1])
         assert state(packed) == before
     finally:
         await packed.shutdown()

@@ -1,0 +1,125 @@
+"""The seams of the broker store: what a commit log offers (`CommitLog`) and what it feeds (`Dispatcher`).
+
+Two commit logs implement `CommitLog`: the local `LocalCommitLog` (`commitlog.py`, single node,
+everything written is committed) and `DLedgerCommitLog` (`dledger_commitlog.py`, a Raft log whose
+committed entries reach the dispatcher through DLedger's state machine). The store above them —
+`DefaultMessageStore` and its services — never asks which one it has.
+
+A commit log owns the topic-queue table (RocketMQ's `CommitLog.topicQueueTable`): the next queue
+offset of every (topic, queueId), assigned as messages are written so queue offsets follow log order.
+
+Lifecycle, called by `DefaultMessageStore`: `prepare(dispatcher)` recovers the files (consume
+queues are then checked against `data_end`), `start()` begins feeding committed messages to the
+dispatcher, `shutdown()` stops.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+from broker.errors import BrokerError
+
+TopicQueueTable = dict[tuple[str, int], int]
+"""(topic, queueId) → the next queue offset to assign."""
+
+
+class Placed(NamedTuple):
+    """Where one message of a put landed."""
+
+    phys: int
+    size: int
+    queue_id: int
+    queue_offset: int
+
+
+class Dispatcher(Protocol):
+    """What a commit log feeds committed messages into, in log order (`ReputMessageService`)."""
+
+    @property
+    def reput_offset(self) -> int:
+        """Everything below this commit-log offset is dispatched."""
+        ...
+
+    @property
+    def readable_end(self) -> int:
+        """Messages below this offset were committed (dispatched now or before a restart)."""
+        ...
+
+    def dispatch(self, data: memoryview | bytes, phys: int) -> bool:
+        """One committed message whose bytes start at `phys`."""
+        ...
+
+    def dispatch_packed(self, data: memoryview | bytes, base: int) -> None:
+        """Messages stored back to back in `data`, the first at `base`."""
+        ...
+
+    def skip_to(self, pos: int) -> None:
+        """Nothing left to dispatch below `pos` (blank records at a file's end)."""
+        ...
+
+    def dispatch_done(self) -> None:
+        """After a batch of dispatches: wake whoever waits for it."""
+        ...
+
+    def last_dispatched_phys(self) -> int:
+        """Where the message ending at `reput_offset` starts (-1: none known)."""
+        ...
+
+
+class CommitLog(Protocol):
+    """The commit log as the store uses it, whatever replicates it."""
+
+    topic_queue_table: TopicQueueTable
+
+    @property
+    def min_offset(self) -> int:
+        """First readable byte (retention moves it up)."""
+        ...
+
+    @property
+    def max_offset(self) -> int:
+        """The committed position: the dispatcher never goes past it."""
+        ...
+
+    @property
+    def data_end(self) -> int:
+        """End of the data actually in the files (recovery cuts consume queues beyond it)."""
+        ...
+
+    @property
+    def leader_id(self) -> str | None:
+        """The replication leader's member id (None: unknown, or no replication)."""
+        ...
+
+    async def prepare(self, dispatcher: Dispatcher) -> None:
+        """Load and recover the files; `dispatcher` is what `start` will feed."""
+        ...
+
+    async def start(self) -> None:
+        """Begin feeding committed messages after the dispatcher's `reput_offset`."""
+        ...
+
+    async def shutdown(self) -> None:
+        ...
+
+    async def put(self, topic: str, queue_id: int, bufs: list[bytearray]) -> list[Placed]:
+        """Append encoded messages of one queue; return once they are committed. BrokerError
+        (NOT_MASTER naming the replication code, DISK_FULL, TIMEOUT with an unknown outcome …)."""
+        ...
+
+    def get_data(self, phys: int, size: int) -> memoryview:
+        """Bytes of a committed message; MESSAGE_NOT_FOUND outside the readable range."""
+        ...
+
+    def dispatch_caught_up(self) -> bool:
+        """Everything committed is dispatched and nothing uncommitted is in the local log."""
+        ...
+
+    def write_refusal(self) -> BrokerError | None:
+        """Why this member cannot take writes whatever its role (a full disk), else None."""
+        ...
+
+    def delete_expired(self, keep_from: int) -> int:
+        """One retention pass: delete expired files, never one holding data at or above
+        `keep_from`; returns the number deleted. A log that cleans itself returns 0."""
+        ...

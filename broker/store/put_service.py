@@ -1,0 +1,204 @@
+"""`PutMessageService`: storing messages — validation, queue choice, idempotency, append, answer.
+
+A put checks the topic (auto-created when `autoCreateTopicEnable`), its write permission and the
+queue; answers a repeated idempotency key with its first result (a key whose first put is still in
+flight waits for it); encodes the rest (RocketMQ's v1 layout) and appends them through the commit
+log, all to one queue; and answers once they are committed and dispatched here, so a pull right
+after the answer sees them. System records (replicated broker state) are written the same way.
+Callers: the produce routes and the services above through `DefaultMessageStore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from broker.config import BrokerConfig
+from broker.errors import BrokerCode, BrokerError
+from broker.message import PROPERTY_UNIQ_KEY, Message, encode_batch, message_id_prefix, new_uniq_key
+from broker.role import BrokerRoleState
+from broker.store.base import CommitLog
+from broker.store.offsets import IdempotencyTable, PutResult
+from broker.store.reput import ReputMessageService
+from broker.topics import TopicConfig, TopicConfigManager, validate_topic
+
+log = logging.getLogger("broker.store.message_store")
+
+_OWN_DISPATCH_WAIT_S = 2.0
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A put in flight for an idempotency key: later duplicates wait on `future`."""
+
+    future: asyncio.Future[PutResult] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class PutMessageService:
+    """Puts. State: the idempotency keys in flight and the round-robin queue choice per topic."""
+
+    def __init__(self, config: BrokerConfig, topics: TopicConfigManager, idempotency: IdempotencyTable,
+                 commit_log: CommitLog, reput: ReputMessageService, role: BrokerRoleState,
+                 not_master_error: Callable[[], BrokerError]) -> None:
+        self.config = config
+        self.topics = topics
+        self.idempotency = idempotency
+        self.commit_log = commit_log
+        self.reput = reput
+        self.role = role
+        self.not_master_error = not_master_error
+        self.started = False  # set by the store once it has recovered
+        self._pending: dict[tuple[str, str], _Pending] = {}
+        self._round_robin: dict[str, int] = {}
+
+    async def put_messages(self, topic: str, msgs: list[Message], queue_id: int | None = None,
+                           *, _system: bool = False) -> list[PutResult]:
+        """Store a batch (all to one queue) and return once committed. A message whose idempotency
+        key was stored within `idempotencyWindowMs` is not stored again: its first result is
+        returned. Raises BrokerError; on an error nothing of the batch is stored."""
+        cfg = await self._writable_topic(topic, msgs, _system)
+        queue_id = self._choose_queue(cfg, queue_id)
+        results: list[PutResult | None] = [None] * len(msgs)
+        waits: list[tuple[int, asyncio.Future[PutResult]]] = []
+        mine: dict[tuple[str, str], _Pending] = {}
+        to_store = self._claim_keys(topic, msgs, results, waits, mine)
+        try:
+            bufs = self._encode(msgs, to_store, queue_id)
+        except BrokerError:
+            for p in mine.values():
+                p.future.cancel()
+            raise
+        stored = await self._append_claimed(topic, queue_id, bufs, mine) if bufs else []
+        now = int(time.time() * 1000)
+        for i, res in zip(to_store, stored, strict=True):
+            results[i] = res
+            key = msgs[i].idempotency_key
+            if key:
+                self.idempotency.remember(topic, key, res, now)
+                p = self._pending.pop((topic, key), None)
+                if p is not None and not p.future.done():
+                    p.future.set_result(res)
+        for i, fut in waits:
+            results[i] = await fut
+        return [r for r in results if r is not None]
+
+    async def _writable_topic(self, topic: str, msgs: list[Message], system: bool) -> TopicConfig:
+        """The topic's config, once every reason to refuse the whole put is ruled out."""
+        validate_topic(topic, allow_system=system)
+        if not msgs:
+            raise BrokerError(BrokerCode.INVALID_REQUEST, "no messages to store", field="messages")
+        if not system and not self.role.is_master:
+            raise self.not_master_error()
+        if not self.started:
+            raise BrokerError(BrokerCode.SERVICE_UNAVAILABLE, "store is starting")
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            if system:
+                self.topics.ensure_from_data(topic, 0)
+                cfg = self.topics.get(topic)
+            else:
+                cfg = await self.topics.auto_create(topic)
+        assert cfg is not None
+        if not cfg.is_writeable():
+            raise BrokerError(BrokerCode.NO_PERMISSION, f"topic {topic!r} is not writeable (perm {cfg.perm})",
+                              topic=topic)
+        return cfg
+
+    def _choose_queue(self, cfg: TopicConfig, queue_id: int | None) -> int:
+        """The caller's queue, checked; or the next one round-robin over the write queues."""
+        if queue_id is None:
+            n = self._round_robin.get(cfg.topic_name, 0)
+            self._round_robin[cfg.topic_name] = n + 1
+            return n % cfg.write_queue_nums
+        if not isinstance(queue_id, int) or not 0 <= queue_id < cfg.write_queue_nums:
+            raise BrokerError(BrokerCode.QUEUE_NOT_EXIST, f"queue {queue_id!r} does not exist: topic "
+                              f"{cfg.topic_name!r} has {cfg.write_queue_nums} write queues",
+                              topic=cfg.topic_name, queueId=queue_id)
+        return queue_id
+
+    def _claim_keys(self, topic: str, msgs: list[Message], results: list[PutResult | None],
+                    waits: list[tuple[int, asyncio.Future[PutResult]]],
+                    mine: dict[tuple[str, str], _Pending]) -> list[int]:
+        """Sort the batch by idempotency key: a key already stored gets its first result, a key
+        in flight (here or in another put) waits for it, a new key is claimed in `mine`. Returns
+        the indexes of the messages to store."""
+        to_store: list[int] = []
+        for i, m in enumerate(msgs):
+            key = m.idempotency_key
+            if key:
+                hit = self.idempotency.get(topic, key)
+                if hit is not None:
+                    results[i] = hit
+                    continue
+                pending = self._pending.get((topic, key)) or mine.get((topic, key))
+                if pending is not None:
+                    waits.append((i, pending.future))
+                    continue
+                mine[(topic, key)] = _Pending()
+            to_store.append(i)
+        return to_store
+
+    def _encode(self, msgs: list[Message], to_store: list[int], queue_id: int) -> list[bytearray]:
+        batch = msgs if len(to_store) == len(msgs) else [msgs[i] for i in to_store]
+        for m in batch:
+            if not isinstance(m.body, bytes | bytearray):
+                raise BrokerError(BrokerCode.INVALID_REQUEST, "message body must be bytes", field="body")
+        return encode_batch(batch, queue_id=queue_id, store_host=self.config.broker_addr,
+                            max_message_size=self.config.max_message_size)
+
+    async def _append_claimed(self, topic: str, queue_id: int, bufs: list[bytearray],
+                              mine: dict[tuple[str, str], _Pending]) -> list[PutResult]:
+        """Append; if it fails, the puts waiting on keys this one claimed fail with it."""
+        self._pending.update(mine)
+        try:
+            return await self._append(topic, queue_id, bufs)
+        except BaseException as exc:
+            for k, p in mine.items():
+                self._pending.pop(k, None)
+                if not p.future.done():
+                    p.future.set_exception(exc if isinstance(exc, BrokerError) else BrokerError(
+                        BrokerCode.TIMEOUT, f"the first put with this idempotency key was interrupted "
+                        f"({type(exc).__name__}); the outcome is unknown, retry", outcome="unknown"))
+                    p.future.exception()  # retrieved: a failure nobody waited for is not "never retrieved"
+            raise
+
+    async def _append(self, topic: str, queue_id: int, bufs: list[bytearray]) -> list[PutResult]:
+        try:
+            placed = await self.commit_log.put(topic, queue_id, bufs)
+        except BrokerError as exc:
+            if exc.code != BrokerCode.NOT_MASTER:
+                raise
+            err = self.not_master_error()  # names the master: the store knows the members
+            err.detail = f"{err.detail} ({exc.detail})"
+            raise err from None
+        # Committed; also wait (briefly) for our own dispatcher so a pull right after the answer
+        # sees the messages (the local log has dispatched them already). A slow dispatch never
+        # fails the put.
+        last = placed[-1]
+        if self.reput.reput_offset < last.phys + last.size:
+            try:
+                await self.reput.wait_dispatched(last.phys + last.size, timeout_s=_OWN_DISPATCH_WAIT_S)
+            except BrokerError:
+                log.warning("event=dispatch_lagging phys=%d reput_offset=%d", last.phys,
+                            self.reput.reput_offset)
+        prefix = message_id_prefix(self.config.broker_addr)
+        return [PutResult(f"{prefix}{phys:016X}", qid, qoff, phys, size)  # create_message_id, inlined
+                for (phys, size, qid, qoff) in placed]
+
+    async def append_system_record(self, sys_topic: str, record: dict[str, Any], *,
+                                   force: bool = False) -> None:
+        """Write a JSON record into a system topic (queue 0), wait until it is committed AND
+        dispatched (so the caller reads its own write). Master only unless `force` (the
+        role-change handler writes before it accepts user writes)."""
+        if not self.role.is_master and not force:
+            raise self.not_master_error()
+        msg = Message(sys_topic, orjson.dumps(record), properties={PROPERTY_UNIQ_KEY: new_uniq_key()})
+        res = await self.put_messages(sys_topic, [msg], 0, _system=True)
+        await self.reput.wait_dispatched(res[0].commit_log_offset + res[0].store_size)
