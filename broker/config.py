@@ -130,10 +130,10 @@ KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "listenPort": ("listen_port", _port),
     "namesrvAddr": ("namesrv_addr", _str),
     "storePathRootDir": ("store_path_root_dir", _path),
-    "enableDLegerCommitLog": ("enable_dleger_commit_log", _bool),
-    "dLegerGroup": ("dleger_group", _str),
-    "dLegerPeers": ("dleger_peers", _peers),
-    "dLegerSelfId": ("dleger_self_id", _str),
+    "enableDLegerCommitLog": ("enable_dledger_commit_log", _bool),
+    "dLegerGroup": ("dledger_group", _str),
+    "dLegerPeers": ("dledger_peers", _peers),
+    "dLegerSelfId": ("dledger_self_id", _str),
     "preferredLeaderIds": ("preferred_leader_ids", _str),
     "preferredLeaderId": ("preferred_leader_ids", _str),  # RocketMQ 4.x spelling
     "enableBatchPush": ("enable_batch_push", _bool),
@@ -202,10 +202,10 @@ class BrokerConfig:
     listen_port: int = 10911  # the broker's HTTP port
     namesrv_addr: str = ""
     store_path_root_dir: str = field(default_factory=lambda: os.path.expanduser("~/store"))
-    enable_dleger_commit_log: bool = False
-    dleger_group: str = ""
-    dleger_peers: str = ""
-    dleger_self_id: str = ""
+    enable_dledger_commit_log: bool = False
+    dledger_group: str = ""
+    dledger_peers: str = ""
+    dledger_self_id: str = ""
     preferred_leader_ids: str = ""
     enable_batch_push: bool = True
     auto_create_topic_enable: bool = True
@@ -242,13 +242,13 @@ class BrokerConfig:
         """Cross-key checks, raising ConfigError naming the key."""
         if self.cq_unit_misaligned():
             raise ConfigError(self.source, "mappedFileSizeConsumeQueue", "must be a multiple of 20")
-        if self.enable_dleger_commit_log:
-            if not self.dleger_peers:
+        if self.enable_dledger_commit_log:
+            if not self.dledger_peers:
                 raise ConfigError(self.source, "dLegerPeers", "required when enableDLegerCommitLog=true")
-            peers = parse_peers(self.dleger_peers)
-            if self.dleger_self_id not in peers:
+            peers = parse_peers(self.dledger_peers)
+            if self.dledger_self_id not in peers:
                 raise ConfigError(self.source, "dLegerSelfId",
-                                  f"{self.dleger_self_id!r} is not one of dLegerPeers {sorted(peers)}")
+                                  f"{self.dledger_self_id!r} is not one of dLegerPeers {sorted(peers)}")
             for pid in (p for p in self.preferred_leader_ids.split(";") if p.strip()):
                 if pid.strip() not in peers:
                     raise ConfigError(self.source, "preferredLeaderIds", f"{pid!r} is not in dLegerPeers")
@@ -259,9 +259,9 @@ class BrokerConfig:
     def to_dledger_config(self) -> DLedgerConfig:
         """The embedded DLedger server's config, as RocketMQ's DLedgerCommitLog builds it."""
         return DLedgerConfig(
-            group=self.dleger_group or self.broker_name,
-            self_id=self.dleger_self_id,
-            peers=self.dleger_peers,
+            group=self.dledger_group or self.broker_name,
+            self_id=self.dledger_self_id,
+            peers=self.dledger_peers,
             store_base_dir=self.store_path_root_dir,
             mapped_file_size_for_entry_data=self.mapped_file_size_commit_log,
             delete_when=self.delete_when,

@@ -39,7 +39,7 @@ class BrokerController:
         self.config = config
         self.server: DLedgerServer | None = None
         commit_log: CommitLog
-        if config.enable_dleger_commit_log:
+        if config.enable_dledger_commit_log:
             # The consensus package, imported only in DLedger mode.
             from broker.store.dledger_commitlog import DLedgerCommitLog
             from dledger.server import DLedgerServer
@@ -50,8 +50,8 @@ class BrokerController:
                 dledger_server = DLedgerServer(dconf)
             self.server = dledger_server
             commit_log = DLedgerCommitLog(config, dledger_server)
-            peers = list(parse_peers(config.dleger_peers))
-            self.role_state = BrokerRoleState.dledger_member(slave_broker_id(config.dleger_self_id, peers))
+            peers = list(parse_peers(config.dledger_peers))
+            self.role_state = BrokerRoleState.dledger_member(slave_broker_id(config.dledger_self_id, peers))
         else:
             commit_log = LocalCommitLog(config)
             self.role_state = BrokerRoleState.master(config.broker_id)
@@ -127,7 +127,7 @@ class BrokerController:
 
     def _role_changed(self, state: BrokerRoleState, old_role: BrokerRole, old_id: int, why: str) -> None:
         log.info("event=broker_role_change broker=%s selfId=%s term=%d dledgerRole=%s role=%s->%s "
-                 "brokerId=%d->%d masterAddr=%s", self.config.broker_name, self.config.dleger_self_id,
+                 "brokerId=%d->%d masterAddr=%s", self.config.broker_name, self.config.dledger_self_id,
                  state.term, why, old_role.value, state.role.value, old_id, state.broker_id, self.master_addr)
         for listener in self._listeners:
             try:

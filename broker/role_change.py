@@ -81,7 +81,7 @@ class DLedgerRoleChangeHandler:
                 break
             await asyncio.sleep(CATCH_UP_POLL_S)
         store.recover_topic_queue_table()
-        record = {"selfId": self.config.dleger_self_id, "addr": self.config.broker_addr, "term": term}
+        record = {"selfId": self.config.dledger_self_id, "addr": self.config.broker_addr, "term": term}
         while True:
             if not self._still_leader(term):
                 return

@@ -119,7 +119,7 @@ class BrokerRuntime:
             "event=broker_started broker=%s addr=%s mode=%s namesrv=%s frontEnds=%s",
             self.name,
             cfg.broker_addr,
-            "dledger" if cfg.enable_dleger_commit_log else "local",
+            "dledger" if cfg.enable_dledger_commit_log else "local",
             cfg.namesrv_addr,
             ",".join(f.name for f in self.front_ends),
         )

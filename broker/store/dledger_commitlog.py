@@ -93,7 +93,7 @@ class DLedgerCommitLog:
         self.pack_bytes = max(1, min(_PACK_BYTES, config.mapped_file_size_commit_log // 8))
         self._dispatcher: Dispatcher | None = None
         self.dstore.add_append_hook(self._append_hook)
-        self._ctx = f"group={config.dleger_group or config.broker_name} selfId={config.dleger_self_id}"
+        self._ctx = f"group={config.dledger_group or config.broker_name} selfId={config.dledger_self_id}"
 
     # ---- lifecycle ----------------------------------------------------------------------------
 

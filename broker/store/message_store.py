@@ -59,7 +59,7 @@ class DefaultMessageStore:
         self.config = config
         self.commit_log: CommitLog = commit_log if commit_log is not None else LocalCommitLog(config)
         self.role = role if role is not None else BrokerRoleState.master(config.broker_id)
-        self.dledger = bool(config.enable_dleger_commit_log)  # for /status; nothing here branches on it
+        self.dledger = bool(config.enable_dledger_commit_log)  # for /status; nothing here branches on it
         self.topics = TopicConfigManager(config.default_topic_queue_nums, config.auto_create_topic_enable)
         self.offsets = ConsumerOffsetManager()
         self.idempotency = IdempotencyTable(config.idempotency_window_ms, config.idempotency_max_keys)

@@ -29,10 +29,10 @@ def make_config(mode: str, root: str, port: int | None = None) -> BrokerConfig:
                        max_message_size=16 * 1024, listen_port=18080)
     if mode == "dledger":
         pytest.importorskip("dledger.rpc.tcp")  # the DLedger TCP transport
-        cfg.enable_dleger_commit_log = True
-        cfg.dleger_group = "g"
-        cfg.dleger_self_id = "n0"
-        cfg.dleger_peers = f"n0-127.0.0.1:{port or free_port()}"
+        cfg.enable_dledger_commit_log = True
+        cfg.dledger_group = "g"
+        cfg.dledger_self_id = "n0"
+        cfg.dledger_peers = f"n0-127.0.0.1:{port or free_port()}"
     return cfg
 
 

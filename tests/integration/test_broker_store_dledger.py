@@ -25,8 +25,8 @@ DATA_FILE_SIZE = 8 * 1024  # tiny DLedger data files: many roll-overs
 def member_configs(root) -> list[BrokerConfig]:
     ports = [free_port() for _ in range(3)]
     peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(ports))
-    return [BrokerConfig(store_path_root_dir=str(root / f"n{i}"), enable_dleger_commit_log=True,
-                         dleger_group="broker-a", dleger_peers=peers, dleger_self_id=f"n{i}",
+    return [BrokerConfig(store_path_root_dir=str(root / f"n{i}"), enable_dledger_commit_log=True,
+                         dledger_group="broker-a", dledger_peers=peers, dledger_self_id=f"n{i}",
                          mapped_file_size_commit_log=DATA_FILE_SIZE, mapped_file_size_consume_queue=20 * 64,
                          listen_port=20000 + i, default_topic_queue_nums=2)
             for i in range(3)]
@@ -95,7 +95,7 @@ async def test_hook_stamps_physical_offset_on_all_members_across_roll_over(group
                 size = struct.unpack_from(">i", body, off)[0]
                 phys = struct.unpack_from(">q", body, off + PHY_POS_POSITION)[0]
                 assert phys == pos + 48 + off, \
-                    f"{c.config.dleger_self_id}: stamped {phys}, bytes start at {pos + 48 + off}"
+                    f"{c.config.dledger_self_id}: stamped {phys}, bytes start at {pos + 48 + off}"
                 stamped[phys] = decode_message(body[off:off + size], phys)
                 off += size
             packed = max(packed, len([p for p in stamped if pos + 48 <= p < pos + 48 + len(body)]))
@@ -122,7 +122,7 @@ async def test_slaves_refuse_writes_and_share_offsets(group):
     for s in slaves:
         await wait_for(lambda s=s: s.store.offsets.query("g", "T", 0) == 5, what="offset replicated")
         await wait_for(lambda s=s: s.master_addr == master.config.broker_addr, what="master addr known")
-        assert s.broker_id == int(s.config.dleger_self_id[1:]) + 1
+        assert s.broker_id == int(s.config.dledger_self_id[1:]) + 1
         with pytest.raises(BrokerError) as ei:
             await s.store.put_messages("T", [Message("T", b"y")], 0)
         assert ei.value.code == BrokerCode.NOT_MASTER
@@ -165,14 +165,14 @@ async def test_restart_redispatches_an_entry_its_queue_held_only_in_part(tmp_pat
     finally:
         await asyncio.gather(*(c.shutdown() for c in ctls), return_exceptions=True)
     for c in confs:  # lose the last 3 units of the last batch (of 5) in every member's queue
-        qdir = tmp_path / c.dleger_self_id / "consumequeue" / "Part" / "0"
+        qdir = tmp_path / c.dledger_self_id / "consumequeue" / "Part" / "0"
         cq_file = sorted(qdir.iterdir())[0]
         raw = bytearray(cq_file.read_bytes())
         raw[27 * 20:30 * 20] = bytes(3 * 20)
         cq_file.write_bytes(raw)
         # As after a power loss: the dispatch checkpoint (written only after the queues' fsync)
         # cannot cover units the queue lost; it was taken before the last batch.
-        write_dispatch_checkpoint(str(tmp_path / c.dleger_self_id / "dispatchcheckpoint"),
+        write_dispatch_checkpoint(str(tmp_path / c.dledger_self_id / "dispatchcheckpoint"),
                                   acked[25].commit_log_offset)
     ctls = [BrokerController(c) for c in confs]
     await asyncio.gather(*(c.start() for c in ctls))

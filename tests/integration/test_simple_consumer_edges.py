@@ -317,10 +317,10 @@ async def test_an_ack_while_a_receive_dead_letters_is_neither_a_500_nor_an_ok(tm
         listen_port=free_port(),
         max_reconsume_times=1,
     )
-    cfg.enable_dleger_commit_log = True
-    cfg.dleger_group = "g"
-    cfg.dleger_self_id = "n0"
-    cfg.dleger_peers = f"n0-127.0.0.1:{free_port()}"
+    cfg.enable_dledger_commit_log = True
+    cfg.dledger_group = "g"
+    cfg.dledger_self_id = "n0"
+    cfg.dledger_peers = f"n0-127.0.0.1:{free_port()}"
     ctl, services, _ = await _start(cfg)
     store, pop = ctl.store, services.pop
     try:

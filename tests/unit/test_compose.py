@@ -49,9 +49,9 @@ def test_broker_overrides_load_and_agree_on_the_group(tmp_path):
     for i in range(3):
         conf, overrides = broker_args(doc["services"][f"broker-n{i}"])
         cfg = load_broker_config(str(REPO / conf), overrides)  # a typo or bad value raises
-        assert cfg.dleger_self_id == f"n{i}" and cfg.enable_dleger_commit_log
+        assert cfg.dledger_self_id == f"n{i}" and cfg.enable_dledger_commit_log
         assert cfg.broker_ip1 == f"broker-n{i}" and cfg.namesrv_addr == "namesrv:9876"
-        peers.add(cfg.dleger_peers)
+        peers.add(cfg.dledger_peers)
     assert len(peers) == 1
 
 

@@ -36,7 +36,7 @@ def test_rocketmq_file_loads_with_one_warning_per_unimplemented_key(tmp_path, ca
     with caplog.at_level(logging.WARNING, logger="broker.config"):
         cfg = load_broker_config(str(p))
     assert cfg.broker_cluster_name == "RaftCluster" and cfg.listen_port == 30911
-    assert cfg.enable_dleger_commit_log is True and cfg.dleger_self_id == "n0"
+    assert cfg.enable_dledger_commit_log is True and cfg.dledger_self_id == "n0"
     assert cfg.flush_disk_type == "SYNC_FLUSH" and cfg.max_message_size == 1048576
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 3
