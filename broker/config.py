@@ -342,12 +342,4 @@ def load_broker_config(path: str, overrides: Mapping[str, str] | None = None) ->
     return config_from_mapping(values, path, lines)
 
 
-def rocketmq_key_of(attr: str) -> str:
-    """The RocketMQ key of a BrokerConfig attribute (first in the table)."""
-    for key, (a, _) in KEYS.items():
-        if a == attr:
-            return key
-    raise KeyError(attr)
-
-
 assert {a for a, _ in KEYS.values()} <= {f.name for f in fields(BrokerConfig)}, "KEYS names unknown attrs"
