@@ -16,7 +16,7 @@ from broker.service.acl import AccessControl, Account, Right
 from broker.service.metrics import BrokerMetrics
 from broker.service.state import BrokerState
 from broker.service.topics import check_queue
-from broker.store.message_store import DEFAULT_PULL_BYTES, MAX_PULL_MESSAGES, GetResult
+from broker.store.get_service import DEFAULT_PULL_BYTES, MAX_PULL_MESSAGES, GetResult
 from broker.topics import TopicConfig, validate_topic
 
 __all__ = ["DEFAULT_PULL_BYTES", "MAX_PULL_MESSAGES", "GetResult", "MessageBuilder", "PullService"]

@@ -1,4 +1,4 @@
-"""`DefaultMessageStore.dispatch_packed` (one DLedger entry holding a batch) gives the same consume
+"""`ReputMessageService.dispatch_packed` (one DLedger entry holding a batch) gives the same consume
 queues, idempotency table and reput offset as dispatching each message alone — for plain runs,
 tags, idempotency keys, queue and topic changes in the middle, and on replay."""
 
