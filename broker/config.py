@@ -78,6 +78,13 @@ def _ratio_percent(v: str) -> int:
     return n
 
 
+def _forcibly_percent(v: str) -> int:
+    n = _int(v)
+    if not 1 <= n <= 90:
+        raise ValueError(f"expected a percentage 1..90 (writes are refused at it + 5), got {n}")
+    return n
+
+
 def _str(v: str) -> str:
     return v.strip()
 
@@ -117,6 +124,13 @@ def _register_period(v: str) -> int:
     return n
 
 
+def _clean_interval(v: str) -> int:
+    n = _int(v)
+    if not 100 <= n <= 3_600_000:
+        raise ValueError(f"expected milliseconds 100..3600000, got {n}")
+    return n
+
+
 def _path(v: str) -> str:
     return os.path.expanduser(v.strip())
 
@@ -146,6 +160,8 @@ KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "deleteWhen": ("delete_when", _delete_when),
     "fileReservedTime": ("file_reserved_time", _pos_int),
     "diskMaxUsedSpaceRatio": ("disk_max_used_space_ratio", _ratio_percent),
+    "diskSpaceCleanForciblyRatio": ("disk_space_clean_forcibly_ratio", _forcibly_percent),
+    "cleanResourceInterval": ("clean_resource_interval", _clean_interval),
     "longPollingEnable": ("long_polling_enable", _bool),
     "brokerSuspendMaxTimeMillis": ("broker_suspend_max_time_millis", _pos_int),
     "maxReconsumeTimes": ("max_reconsume_times", _nonneg_int),
@@ -166,7 +182,7 @@ putMessageFutureThreadPoolNums flushConsumerOffsetInterval flushConsumerOffsetHi
 rejectTransactionMessage storePathCommitLog storePathConsumeQueue storePathIndex storeCheckpoint
 abortFile storePathDLedgerCommitLog brokerRole haListenPort haMasterAddress haSendHeartbeatInterval
 haHousekeepingInterval haTransferBatchSize flushIntervalCommitLog flushCommitLogTimed
-flushIntervalConsumeQueue cleanResourceInterval deleteCommitLogFilesInterval
+flushIntervalConsumeQueue deleteCommitLogFilesInterval
 deleteConsumeQueueFilesInterval destroyMapedFileIntervalForcibly redeleteHangedFileInterval
 cleanFileForciblyEnable maxTransferBytesOnMessageInMemory maxTransferCountOnMessageInMemory
 maxTransferBytesOnMessageInDisk maxTransferCountOnMessageInDisk accessMessageInMemoryMaxRatio
@@ -216,7 +232,9 @@ class BrokerConfig:
     flush_disk_type: str = "ASYNC_FLUSH"
     delete_when: str = "04"
     file_reserved_time: int = 72  # hours
-    disk_max_used_space_ratio: int = 75  # percent
+    disk_max_used_space_ratio: int = 75  # percent: expired files deleted whatever the hour
+    disk_space_clean_forcibly_ratio: int = 85  # percent: files deleted whatever their age
+    clean_resource_interval: int = 10_000  # ms between retention passes of the local commit log
     long_polling_enable: bool = True
     broker_suspend_max_time_millis: int = 15_000
     max_reconsume_times: int = 16
@@ -253,6 +271,13 @@ class BrokerConfig:
                 if pid.strip() not in peers:
                     raise ConfigError(self.source, "preferredLeaderIds", f"{pid!r} is not in dLegerPeers")
 
+    @property
+    def disk_full_ratio(self) -> float:
+        """Writes are refused past this used ratio of the store's disk, in both modes (DLedger's
+        rule: `diskSpaceCleanForciblyRatio` + 5 %, at most 95 %)."""
+        forcibly = DLedgerConfig(disk_space_ratio_to_force_clean=self.disk_space_clean_forcibly_ratio / 100)
+        return forcibly.disk_full_ratio
+
     def cq_unit_misaligned(self) -> bool:
         return self.mapped_file_size_consume_queue % 20 != 0
 
@@ -267,6 +292,7 @@ class BrokerConfig:
             delete_when=self.delete_when,
             file_reserved_hours=self.file_reserved_time + 1,  # RocketMQ passes fileReservedTime + 1
             disk_space_ratio_to_check_expired=self.disk_max_used_space_ratio / 100,
+            disk_space_ratio_to_force_clean=self.disk_space_clean_forcibly_ratio / 100,
             preferred_leader_ids=self.preferred_leader_ids or None,
             enable_batch_push=self.enable_batch_push,
             flush_disk_type=self.flush_disk_type,

@@ -41,6 +41,7 @@ class BrokerRoleState:
 
     def __init__(self, role: BrokerRole, broker_id: int, slave_id: int) -> None:
         self.role = role
+        self.is_master = role == BrokerRole.MASTER  # read on every put: an attribute, not a property
         self.broker_id = broker_id
         self.slave_id = slave_id  # the brokerId this broker takes as a slave
         self.term = -1
@@ -57,10 +58,6 @@ class BrokerRoleState:
         """A DLedger member: a slave until its role-change handler makes it master."""
         return cls(BrokerRole.SLAVE, slave_id, slave_id)
 
-    @property
-    def is_master(self) -> bool:
-        return self.role == BrokerRole.MASTER
-
     def add_listener(self, listener: RoleChangeListener) -> None:
         self._listeners.append(listener)
 
@@ -76,6 +73,7 @@ class BrokerRoleState:
         old_role, old_id = self.role, self.broker_id
         self.term = term
         self.role, self.broker_id = role, broker_id
+        self.is_master = role == BrokerRole.MASTER
         if (old_role, old_id) == (role, broker_id):
             return
         self.role_changes += 1

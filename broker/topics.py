@@ -37,6 +37,7 @@ SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
 SYS_TOPIC_CONFIG = "RMQ_SYS_TOPIC_CONFIG"
 SYS_CONSUMER_OFFSETS = "RMQ_SYS_CONSUMER_OFFSETS"
 SYS_BROKER_MEMBERS = "RMQ_SYS_BROKER_MEMBERS"
+SYS_STATE_SNAPSHOT = "RMQ_SYS_STATE_SNAPSHOT"  # the whole replicated state, re-written ahead of retention
 RESERVED_TOPICS = frozenset({
     "TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",
     "TRANS_CHECK_MAX_TIME_TOPIC", "rmq_sys_REVIVE_LOG", "DefaultHeartBeatSyncerTopic",
@@ -195,8 +196,21 @@ class TopicConfigManager:
     def _apply_delete(self, topic: str) -> None:
         if self._topics.pop(topic, None) is not None:
             log.info("event=topic_deleted topic=%s", topic)
-            if self.on_delete is not None:
-                self.on_delete(topic)
+        if self.on_delete is not None:  # also when unknown here: what it left elsewhere goes too
+            self.on_delete(topic)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole table (configs and delete positions) for a state snapshot."""
+        return {"topics": [cfg.to_record() for cfg in self._topics.values()],
+                "deletedAt": dict(self.deleted_at)}
+
+    def restore(self, snapshot: Any) -> None:
+        """Replace the table by a `snapshot()`'s."""
+        snapshot = snapshot or {}
+        self._topics = {r["topic_name"]: TopicConfig(str(r["topic_name"]), int(r["read_queue_nums"]),
+                                                     int(r["write_queue_nums"]), int(r["perm"]))
+                        for r in snapshot.get("topics", ())}
+        self.deleted_at = {str(t): int(p) for t, p in (snapshot.get("deletedAt") or {}).items()}
 
     def ensure_from_data(self, topic: str, queue_id: int) -> None:
         """A message of a topic we have no record for (system topics, or data older than the

@@ -186,7 +186,7 @@ class PopService:
         forget a deleted topic's state where the delete is applied — chained onto the store's own
         topic-delete hook, so slaves and a later master forget it too."""
         store = self.store
-        store.register_system_handler(SYS_POP_STATE, self.replica.apply_record)
+        store.register_system_state(SYS_POP_STATE, self.replica)
         store_on_delete = store.topics.on_delete
 
         def on_topic_deleted(topic: str) -> None:

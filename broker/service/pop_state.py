@@ -16,8 +16,9 @@ failover an acknowledged message is not delivered again and reconsume counts car
 stays master-local: which messages are in flight and until when (they are redelivered at once
 by a new master, counted as one more reconsume only if a redelivery was recorded).
 
-Plain state, no I/O. Callers: the store dispatcher (`apply_record`), `PopService` (`acked`,
-`reconsume_counts`, `prune`, and `drop_topic` when a topic delete is applied).
+Plain state, no I/O. Callers: the store dispatcher (`apply_record`; `snapshot`/`restore` for the
+store's state snapshot), `PopService` (`acked`, `reconsume_counts`, `prune`, and `drop_topic` when a
+topic delete is applied).
 """
 
 from __future__ import annotations
@@ -62,6 +63,20 @@ class PopStateReplica:
                 log.error("event=bad_pop_record reason=unknown_op record=%r", record)
         except (KeyError, TypeError, ValueError, AttributeError):
             log.error("event=bad_pop_record record=%r", record)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole replica, for the store's state snapshot (it outlives retention that way)."""
+        return {"acked": [[g, t, q, sorted(offsets)] for (g, t, q), offsets in self._acked.items()],
+                "reconsume": [[g, t, q, {str(o): n for o, n in counts.items()}]
+                              for (g, t, q), counts in self._reconsume.items()]}
+
+    def restore(self, snapshot: Any) -> None:
+        """Replace the replica by a `snapshot()`'s (the store applies a state snapshot)."""
+        snapshot = snapshot or {}
+        self._acked = {(str(g), str(t), int(q)): {int(o) for o in offsets}
+                       for g, t, q, offsets in snapshot.get("acked", ())}
+        self._reconsume = {(str(g), str(t), int(q)): {int(o): int(n) for o, n in counts.items()}
+                           for g, t, q, counts in snapshot.get("reconsume", ())}
 
     def acked(self, group: str, topic: str, queue_id: int) -> set[int]:
         """Offsets settled above the committed offset (a copy)."""

@@ -8,19 +8,24 @@ committed entries reach the dispatcher through DLedger's state machine). The sto
 A commit log owns the topic-queue table (RocketMQ's `CommitLog.topicQueueTable`): the next queue
 offset of every (topic, queueId), assigned as messages are written so queue offsets follow log order.
 
-Lifecycle, called by `DefaultMessageStore`: `prepare(dispatcher)` recovers the files (consume
-queues are then checked against `data_end`), `start()` begins feeding committed messages to the
-dispatcher, `shutdown()` stops.
+Lifecycle, called by `DefaultMessageStore`: `prepare(dispatcher, keep_from)` recovers the files
+(consume queues are then checked against `data_end`), `start()` begins feeding committed messages
+to the dispatcher, `shutdown()` stops. Retention (the local log's `delete_expired`, DLedger's own
+clean-up service) never deletes what `keep_from()` says is still needed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from broker.errors import BrokerError
 
 TopicQueueTable = dict[tuple[str, int], int]
 """(topic, queueId) → the next queue offset to assign."""
+
+KeepFrom = Callable[[], int]
+"""keep_from(): retention deletes no file holding log data at or after this position."""
 
 
 class Placed(NamedTuple):
@@ -61,10 +66,6 @@ class Dispatcher(Protocol):
         """After a batch of dispatches: wake whoever waits for it."""
         ...
 
-    def last_dispatched_phys(self) -> int:
-        """Where the message ending at `reput_offset` starts (-1: none known)."""
-        ...
-
 
 class CommitLog(Protocol):
     """The commit log as the store uses it, whatever replicates it."""
@@ -91,8 +92,9 @@ class CommitLog(Protocol):
         """The replication leader's member id (None: unknown, or no replication)."""
         ...
 
-    async def prepare(self, dispatcher: Dispatcher) -> None:
-        """Load and recover the files; `dispatcher` is what `start` will feed."""
+    async def prepare(self, dispatcher: Dispatcher, keep_from: KeepFrom) -> None:
+        """Load and recover the files; `dispatcher` is what `start` will feed, `keep_from` where
+        retention must stop (undispatched data, live broker state)."""
         ...
 
     async def start(self) -> None:
@@ -116,10 +118,10 @@ class CommitLog(Protocol):
         ...
 
     def write_refusal(self) -> BrokerError | None:
-        """Why this member cannot take writes whatever its role (a full disk), else None."""
+        """Why this member cannot take writes whatever its role (DISK_FULL), else None."""
         ...
 
-    def delete_expired(self, keep_from: int) -> int:
-        """One retention pass: delete expired files, never one holding data at or above
-        `keep_from`; returns the number deleted. A log that cleans itself returns 0."""
+    def delete_expired(self) -> int:
+        """One retention pass: delete expired files (never one holding data at or after
+        `keep_from()`); returns the number deleted. A log that cleans itself returns 0."""
         ...

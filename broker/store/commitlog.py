@@ -25,7 +25,7 @@ import time
 from broker.config import BrokerConfig
 from broker.errors import BrokerCode, BrokerError
 from broker.message import QUEUE_OFFSET_POSITION, decode_message
-from broker.store.base import Dispatcher, Placed, TopicQueueTable
+from broker.store.base import Dispatcher, KeepFrom, Placed, TopicQueueTable
 from dledger.codes import DLedgerException
 from dledger.entry import BLANK_MAGIC_CODE
 from dledger.store.file_list import MmapFileList
@@ -47,15 +47,20 @@ class LocalCommitLog:
         self.sync_flush = config.flush_disk_type == "SYNC_FLUSH"
         self.topic_queue_table: TopicQueueTable = {}
         self._dispatcher: Dispatcher | None = None
+        self._keep_from: KeepFrom | None = None
+        self.disk_full_ratio = config.disk_full_ratio
+        self.disk_used_ratio = 0.0  # of the disk holding the store, measured by the flush loop
+        self._disk_refusal: BrokerError | None = None  # DISK_FULL while the disk is over the ratio
         self._flush_task: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
-    async def prepare(self, dispatcher: Dispatcher) -> None:
+    async def prepare(self, dispatcher: Dispatcher, keep_from: KeepFrom) -> None:
         """Load and recover the files (before consume queues are checked against `data_end`)."""
         self._dispatcher = dispatcher
+        self._keep_from = keep_from
         await asyncio.to_thread(self._load_and_recover)
 
     def _load_and_recover(self) -> None:
@@ -64,7 +69,8 @@ class LocalCommitLog:
 
     async def start(self) -> None:
         """Dispatch what was written after the dispatcher's position (a restart after a crash),
-        then start the background flush (ASYNC_FLUSH: every 500 ms)."""
+        then start the background flush (ASYNC_FLUSH: every 500 ms) and disk checks."""
+        self._check_disk()
         self._feed()
         self._flush_task = asyncio.get_running_loop().create_task(self._flush_loop())
 
@@ -81,6 +87,7 @@ class LocalCommitLog:
                 await asyncio.wait_for(self._stopping.wait(), _ASYNC_FLUSH_INTERVAL_S)
             except TimeoutError:
                 pass
+            self._check_disk()
             if self.files.dirty_files():
                 await self.flush()
 
@@ -126,23 +133,39 @@ class LocalCommitLog:
 
     # ---- retention ----------------------------------------------------------------------------
 
-    def delete_expired(self, keep_from: int, now: float | None = None) -> int:
+    def delete_expired(self, now: float | None = None) -> int:
         """RocketMQ's clean-up: at a `deleteWhen` hour, or when the disk is fuller than
-        `diskMaxUsedSpaceRatio`, delete files older than `fileReservedTime` hours (never the last
-        file, never one holding data at or above `keep_from`). Returns the number deleted."""
+        `diskMaxUsedSpaceRatio`, delete files older than `fileReservedTime` hours; when it is fuller
+        than `diskSpaceCleanForciblyRatio`, whatever their age. Never the last file, never one
+        holding data at or after `keep_from()`. Returns the number deleted."""
         cfg = self.config
+        assert self._keep_from is not None, "prepare() first"
         now = time.time() if now is None else now
         hour = time.localtime(now).tm_hour
-        try:
-            usage = shutil.disk_usage(self.store_path)
-            used = (usage.total - usage.free) / usage.total if usage.total else 0.0
-        except OSError:
-            used = 0.0
+        used = self._check_disk()
         due = hour in {int(h) for h in cfg.delete_when.split(";") if h.strip().isdigit()}
-        if not due and used < cfg.disk_max_used_space_ratio / 100:
+        force = used > cfg.disk_space_clean_forcibly_ratio / 100
+        if not due and not force and used < cfg.disk_max_used_space_ratio / 100:
             return 0
         return self.files.delete_expired_files(cfg.file_reserved_time * 3600 * 1000, int(now * 1000),
-                                               max_end_offset=keep_from)
+                                               force=force, max_end_offset=self._keep_from())
+
+    def _check_disk(self) -> float:
+        """Measure the disk; past the disk-full ratio writes are refused (DISK_FULL), as DLedger does."""
+        try:
+            usage = shutil.disk_usage(self.store_path)
+            used = usage.used / usage.total if usage.total else 0.0  # DLedger's (and RocketMQ's) measure
+        except OSError:
+            used = 0.0
+        full = used > self.disk_full_ratio
+        if full != (self._disk_refusal is not None):
+            log.warning("event=disk_full_%s dir=%s usedRatio=%.3f diskFullRatio=%.2f",
+                        "set" if full else "cleared", self.store_path, used, self.disk_full_ratio)
+        self.disk_used_ratio = used
+        self._disk_refusal = None if not full else BrokerError(
+            BrokerCode.DISK_FULL, f"broker {self.config.broker_name}: the commit log's disk is {used:.0%} "
+            f"used, over diskFullRatio {self.disk_full_ratio:.0%}; writes resume once space is freed")
+        return used
 
     # ---- positions ----------------------------------------------------------------------------
 
@@ -165,7 +188,7 @@ class LocalCommitLog:
         return True  # every write is dispatched before the put returns
 
     def write_refusal(self) -> BrokerError | None:
-        return None
+        return self._disk_refusal
 
     # ---- writing and reading ------------------------------------------------------------------
 
@@ -173,6 +196,8 @@ class LocalCommitLog:
         """Assign queue offsets and physical offsets and write — no await in between, so
         concurrent puts cannot interleave — then dispatch what is now committed; with
         `SYNC_FLUSH`, return after the fsync."""
+        if self._disk_refusal is not None:
+            raise self._disk_refusal
         limit = self.files.file_size - 8
         for b in bufs:
             if len(b) > limit:
@@ -214,19 +239,21 @@ class LocalCommitLog:
                 break
             dispatcher.dispatch(self.get_data(pos, size), pos)
             pos += size
-        dispatcher.skip_to(pos)  # past blank records at a file's end
+        if pos > dispatcher.reput_offset:
+            dispatcher.skip_to(pos)  # past blank records at a file's end
         dispatcher.dispatch_done()
 
     def get_data(self, phys: int, size: int) -> memoryview:
-        """Bytes of a stored message; MESSAGE_NOT_FOUND outside the written range."""
-        if phys < self.min_offset or phys + size > self.max_offset or size <= 0:
-            raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND,
-                              f"commit-log offset {phys} size {size} outside [{self.min_offset}, "
-                              f"{self.max_offset})", commitLogOffset=phys)
-        try:
-            return self.files.get_data(phys, size)
-        except DLedgerException as exc:
-            raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND, exc.detail, commitLogOffset=phys) from None
+        """Bytes of a stored message; MESSAGE_NOT_FOUND outside the written range (the file list
+        checks the range: one lookup per read, on the dispatch and pull paths)."""
+        if size > 0:
+            try:
+                return self.files.get_data(phys, size)
+            except DLedgerException as exc:
+                detail = exc.detail
+        if size <= 0 or phys < self.min_offset or phys + size > self.max_offset:
+            detail = f"commit-log offset {phys} size {size} outside [{self.min_offset}, {self.max_offset})"
+        raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND, detail, commitLogOffset=phys)
 
     def _next_record(self, pos: int) -> tuple[int, int]:
         """(position of the next message at or after `pos`, its size), skipping blank records;

@@ -6,10 +6,10 @@ Each unit is 20 bytes, big-endian: commit-log offset 8, message size 4, tags has
 named by their 20-digit start offset (a `dledger.store.file_list.MmapFileList` written densely).
 
 An all-zero unit marks the end of written data (a real unit always has size > 0). A unit with size
-0 and commit-log offset -1 is a filler, written only if the dispatcher ever met a gap; readers skip
-it. Callers: the reput dispatcher (`put_unit`), the pull path (`get_units`, `min_offset`,
-`max_offset`), offset reset by time (`offset_for_timestamp`), and recovery (`recover`,
-`truncate_dirty`).
+0 and commit-log offset -1 is a filler, written only if the dispatcher ever met a gap (or before
+the first unit of a queue that starts mid-file); readers skip it. Callers: the reput dispatcher
+(`put_unit`), the pull path (`get_units`, `min_offset`, `max_offset`), offset reset by time
+(`offset_for_timestamp`), and recovery (`recover`, `truncate_dirty`).
 """
 
 from __future__ import annotations
@@ -127,7 +127,9 @@ class ConsumeQueue:
         max_off = self.max_offset
         if queue_offset < max_off:
             return False
-        if queue_offset > max_off:
+        if not files and queue_offset > 0:
+            self._start_at(queue_offset)
+        elif queue_offset > max_off:
             log.error("event=cq_gap topic=%s queueId=%d expected=%d got=%d phys=%d",
                       self.topic, self.queue_id, max_off, queue_offset, phys)
             filler = UNIT.pack(FILLER_PHYS, 0, 0)
@@ -135,6 +137,18 @@ class ConsumeQueue:
         self.files.append_spanning(UNIT.pack(phys, size, tags_code))
         self.max_phys_end = phys + size
         return True
+
+    def _start_at(self, queue_offset: int) -> None:
+        """An empty queue whose first message has `queue_offset` > 0 (a member that joined after
+        retention had moved the log's start): begin the files at the one holding that offset
+        (fillers before it in that file) and serve from it."""
+        pos = queue_offset * CQ_STORE_UNIT_SIZE
+        start = pos - pos % self.files.file_size
+        self.files.rebuild_with_pos(start, use_blank=False)
+        if pos > start:
+            self.files.append_spanning(UNIT.pack(FILLER_PHYS, 0, 0) * ((pos - start) // CQ_STORE_UNIT_SIZE))
+        self.min_logic_offset = queue_offset
+        log.info("event=cq_starts_at topic=%s queueId=%d offset=%d", self.topic, self.queue_id, queue_offset)
 
     def put_units(self, queue_offset: int, units: list[tuple[int, int]]) -> None:
         """`put_unit` for consecutive queue offsets from `queue_offset`, (phys, size) each, tags hash

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, ItemsView, ValuesView
+from collections.abc import ItemsView, ValuesView
 
 from broker.store.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
 from broker.topics import TOPIC_NAME_RE
@@ -29,8 +29,8 @@ class ConsumeQueueStore:
         self.file_size = file_size
         self.queues: dict[QueueKey, ConsumeQueue] = {}
 
-    def load(self, on_found: Callable[[str, int], None]) -> None:
-        """Open and recover every queue on disk; `on_found(topic, queueId)` for each."""
+    def load(self) -> None:
+        """Open and recover every queue on disk."""
         os.makedirs(self.root_dir, exist_ok=True)
         for topic in sorted(os.listdir(self.root_dir)):
             tdir = os.path.join(self.root_dir, topic)
@@ -44,7 +44,6 @@ class ConsumeQueueStore:
                 cq.load()
                 cq.recover()
                 self.queues[(topic, int(qname))] = cq
-                on_found(topic, int(qname))
 
     def get(self, key: QueueKey) -> ConsumeQueue | None:
         return self.queues.get(key)
@@ -83,13 +82,6 @@ class ConsumeQueueStore:
     def max_phys_end(self) -> int:
         """End of the furthest queue: every message below it was committed."""
         return max((cq.max_phys_end for cq in self.queues.values()), default=0)
-
-    def last_unit_ending_at(self, end: int) -> int:
-        """Commit-log offset of a queue's last message if it ends exactly at `end`, else -1."""
-        for cq in self.queues.values():
-            if cq.max_phys_end == end and cq.max_offset > cq.min_offset:
-                return cq.get_unit(cq.max_offset - 1)[0]
-        return -1
 
     def correct_min_offsets(self, min_phys: int) -> None:
         """Units pointing below the commit log's first byte (deleted files) are no longer served;

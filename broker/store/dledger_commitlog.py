@@ -38,7 +38,7 @@ from broker.message import (
     QUEUE_OFFSET_POSITION,
     topic_name,
 )
-from broker.store.base import Dispatcher, Placed, TopicQueueTable
+from broker.store.base import Dispatcher, KeepFrom, Placed, TopicQueueTable
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.entry import BODY_OFFSET, MAGIC_NORMAL, DLedgerEntry
 from dledger.statemachine import StateMachine
@@ -79,6 +79,9 @@ class BrokerStateMachine(StateMachine):
     def last_applied_index(self) -> int:
         return self.commit_log.applied_index
 
+    def retained_from_index(self) -> int | None:
+        return self.commit_log.retained_from_index()
+
 
 class DLedgerCommitLog:
     """Commit log over an embedded DLedger server (a `broker.store.base.CommitLog`). Caller:
@@ -92,15 +95,17 @@ class DLedgerCommitLog:
         self.applied_index = -1
         self.pack_bytes = max(1, min(_PACK_BYTES, config.mapped_file_size_commit_log // 8))
         self._dispatcher: Dispatcher | None = None
+        self._keep_from: KeepFrom | None = None
         self.dstore.add_append_hook(self._append_hook)
         self._ctx = f"group={config.dledger_group or config.broker_name} selfId={config.dledger_self_id}"
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
-    async def prepare(self, dispatcher: Dispatcher) -> None:
+    async def prepare(self, dispatcher: Dispatcher, keep_from: KeepFrom) -> None:
         """Recover the DLedger store now, so consume queues can be checked against its data
         before the server (and the state machine caller) start."""
         self._dispatcher = dispatcher
+        self._keep_from = keep_from
         recover = getattr(self.dstore, "recover", None)
         if recover is not None:
             await asyncio.to_thread(recover)
@@ -122,14 +127,19 @@ class DLedgerCommitLog:
         return self._dispatcher
 
     def _index_of_last_dispatched(self, dispatcher: Dispatcher) -> int:
-        """Index of the entry before the one holding the message that ends at reput_offset, so that
-        entry is applied again: its other messages may not have been dispatched before a stop
-        (-1: start from the beginning; messages below reput_offset are skipped by `dispatch`)."""
-        phys = dispatcher.last_dispatched_phys()
-        if phys < 0:
-            return -1
-        found = self.entry_index_at(phys)
+        """Index of the entry before the one holding the last dispatched byte, so that entry is
+        applied again: its other messages may not have been dispatched before a stop (-1: start
+        from the beginning; messages below reput_offset are skipped by `dispatch`)."""
+        found = self.entry_index_at(dispatcher.reput_offset - 1)
         return found - 1 if found >= 0 else -1
+
+    def retained_from_index(self) -> int | None:
+        """The first entry retention must keep: the one holding `keep_from()` (broker state and
+        undispatched messages start there); None before `prepare`."""
+        if self._keep_from is None:
+            return None
+        found = self.entry_index_at(self._keep_from())
+        return found if found >= 0 else self.dstore.ledger_begin_index
 
     def entry_index_at(self, phys: int) -> int:
         """Index of the entry whose body holds commit-log position `phys` (-1: none, or unreadable):
@@ -182,8 +192,8 @@ class DLedgerCommitLog:
                                "store's disk is over diskFullRatio; writes resume once space is freed")
         return None
 
-    def delete_expired(self, keep_from: int) -> int:
-        return 0  # DLedger's CleanSpaceService deletes expired data files
+    def delete_expired(self) -> int:
+        return 0  # DLedger's CleanSpaceService deletes expired data files (up to retained_from_index)
 
     def dispatch_caught_up(self) -> bool:
         """RocketMQ's condition before a new leader serves: the ledger is empty, or its end is
@@ -293,8 +303,10 @@ class DLedgerCommitLog:
         committed position, or below what was dispatched (committed earlier, including what any
         consume queue held at start; after a restart the committed position is learnt again from
         the leader)."""
-        end = max(self.max_offset, self._require_dispatcher().readable_end)
-        if size <= 0 or phys < self.min_offset or phys + size > end:
+        end = self.dstore.committed_pos
+        if phys + size > end:  # not known committed (yet, after a restart): dispatched before?
+            end = max(end, self._require_dispatcher().readable_end)
+        if size <= 0 or phys + size > end or phys < self.dstore.data_begin_pos + BODY_OFFSET:
             raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND, f"commit-log offset {phys} size {size} outside "
                               f"committed range [{self.min_offset}, {end})", commitLogOffset=phys)
         try:
@@ -336,4 +348,7 @@ class DLedgerCommitLog:
                         data = None
                 if data is not None and _INT.unpack_from(data, 4)[0] == MESSAGE_MAGIC_CODE:
                     dispatcher.dispatch_packed(data, base)
+            # Past the whole entry, no-op or not: "everything before this is applied" then reads
+            # straight off the position (a state snapshot waits for the log's end).
+            dispatcher.skip_to(entry.pos + entry.size)
             self.applied_index = entry.index

@@ -18,11 +18,11 @@ class LongPollingService:
 
     def __init__(self, queues: ConsumeQueueStore) -> None:
         self.queues = queues
-        self._arrivals: dict[QueueKey, asyncio.Event] = {}
+        self.waiting: dict[QueueKey, asyncio.Event] = {}  # queues with waiters (empty: nobody polls)
 
     def notify(self, key: QueueKey) -> None:
         """A unit of queue `key` was written: wake its waiters."""
-        ev = self._arrivals.pop(key, None)
+        ev = self.waiting.pop(key, None)
         if ev is not None:
             ev.set()
 
@@ -38,9 +38,9 @@ class LongPollingService:
             left = deadline - loop.time()
             if left <= 0:
                 return False
-            ev = self._arrivals.get(key)
+            ev = self.waiting.get(key)
             if ev is None:
-                ev = self._arrivals[key] = asyncio.Event()
+                ev = self.waiting[key] = asyncio.Event()
             try:
                 async with asyncio.timeout(left):  # no extra task per waiter, unlike wait_for in 3.11
                     await ev.wait()

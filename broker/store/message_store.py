@@ -10,12 +10,15 @@ The commit log (`broker.store.base.CommitLog`) is the local `LocalCommitLog` or,
 - `LongPollingService` (`long_polling.py`): pulls that wait for a queue to grow.
 - `ConsumeQueueStore` (`consume_queue_store.py`): the consume queues under
   `{storePathRootDir}/consumequeue/{topic}/{queueId}/`.
+- `SystemRecords` (`system_state.py`) and `StateSnapshotService` (`state_snapshot.py`): broker
+  state replicated as records in the log, re-written as a snapshot ahead of retention.
 
 This class owns the lifecycle: recovery at start (consume queues cut past the end of the log,
 dispatch resumed at the least advanced queue or the dispatch checkpoint, the topic-queue table
-rebuilt from the queues, system records replayed, the idempotency table rebuilt), the once-a-second
-flush of the consume queues with the checkpoint after it, and retention housekeeping. Its public
-methods are what the layers above call; see `docs/INTERFACES.md` (broker store) for the contract.
+rebuilt from the queues, the last state snapshot and the system records after it replayed, the
+idempotency table rebuilt), the once-a-second flush of the consume queues with the checkpoint
+after it, state snapshots and retention housekeeping (nothing deleted at or after `keep_from()`).
+Its public methods are what the layers above call; see `docs/INTERFACES.md` (broker store).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker.config import BrokerConfig
@@ -39,7 +43,8 @@ from broker.store.long_polling import LongPollingService
 from broker.store.offsets import ConsumerOffsetManager, IdempotencyTable, PutResult
 from broker.store.put_service import PutMessageService
 from broker.store.reput import ReputMessageService
-from broker.store.system_state import BrokerMembers, RecordHandler, SystemRecords
+from broker.store.state_snapshot import StateSnapshotService
+from broker.store.system_state import BrokerMembers, ReplicatedState, SystemRecords
 from broker.topics import SYS_BROKER_MEMBERS, SYS_CONSUMER_OFFSETS, SYS_TOPIC_CONFIG, TopicConfigManager
 
 log = logging.getLogger(__name__)
@@ -47,7 +52,9 @@ log = logging.getLogger(__name__)
 __all__ = ["DefaultMessageStore", "GetResult", "PutResult"]
 
 _FLUSH_INTERVAL_S = 1.0
-_RETENTION_EVERY_FLUSHES = 10  # a retention pass every 10 s, RocketMQ's cleanResourceInterval
+
+RetentionFloor = Callable[[], int | None]
+"""floor(): retention keeps the log from this position on (None: no constraint now)."""
 
 
 class DefaultMessageStore:
@@ -65,9 +72,9 @@ class DefaultMessageStore:
         self.idempotency = IdempotencyTable(config.idempotency_window_ms, config.idempotency_max_keys)
         self.members = BrokerMembers()
         self.system = SystemRecords()
-        self.system.register(SYS_TOPIC_CONFIG, self._apply_topic_record)
-        self.system.register(SYS_CONSUMER_OFFSETS, self.offsets.apply_record)
-        self.system.register(SYS_BROKER_MEMBERS, self.members.apply_record)
+        self.system.register_state(SYS_TOPIC_CONFIG, self.topics, self._apply_topic_record)
+        self.system.register_state(SYS_CONSUMER_OFFSETS, self.offsets)
+        self.system.register_state(SYS_BROKER_MEMBERS, self.members)
         self.queues = ConsumeQueueStore(os.path.join(config.store_path_root_dir, "consumequeue"),
                                         config.mapped_file_size_consume_queue)
         self.long_polling = LongPollingService(self.queues)
@@ -76,27 +83,44 @@ class DefaultMessageStore:
         self.gets = GetMessageService(self.topics, self.queues, self.commit_log)
         self.puts = PutMessageService(config, self.topics, self.idempotency, self.commit_log, self.reput,
                                       self.role, self.not_master_error)
+        self.snapshots = StateSnapshotService(config, self.system, self.puts, self.reput, self.commit_log,
+                                              self.role)
         self.topics.set_writer(self.puts.append_system_record)
         self.topics.on_delete = self._drop_topic
         self.offsets.set_writer(self.puts.append_system_record)
         self.checkpoint_path = os.path.join(config.store_path_root_dir, "dispatchcheckpoint")
+        self._retention_floors: list[RetentionFloor] = []
         self._flush_task: asyncio.Task[None] | None = None
-        self._flushes = 0
         self._checkpointed = -1
         self._stopping = asyncio.Event()
         self.started = False
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
-    def register_system_handler(self, sys_topic: str, handler: RecordHandler) -> None:
-        """Apply records of `sys_topic` (JSON bodies written with `append_system_record`) on every
-        member, in log order, and on replay at start. Register before `start()`."""
-        self.system.register(sys_topic, handler)
+    def register_system_state(self, sys_topic: str, state: ReplicatedState) -> None:
+        """Keep `state` as records of `sys_topic` (JSON bodies written with `append_system_record`):
+        applied on every member in log order and on replay at start, and in every state snapshot,
+        so it outlives retention. Register before `start()`."""
+        self.system.register_state(sys_topic, state)
+
+    def register_retention_floor(self, floor: RetentionFloor) -> None:
+        """Retention keeps the log from `floor()` on as well (state a layer above keeps in it)."""
+        self._retention_floors.append(floor)
+
+    def keep_from(self) -> int:
+        """Retention deletes no log data at or after this: undispatched messages, the last state
+        snapshot and the records after it, and what registered floors ask for."""
+        keep = min(self.reput.reput_offset, self.snapshots.keep_from())
+        for floor in self._retention_floors:
+            pos = floor()
+            if pos is not None:
+                keep = min(keep, pos)
+        return keep
 
     async def start(self) -> None:
         """Recover consume queues and the commit log, replay system records, start dispatching."""
-        self.queues.load(self.topics.ensure_from_data)
-        await self.commit_log.prepare(self.reput)
+        self.queues.load()
+        await self.commit_log.prepare(self.reput, self.keep_from)
         data_end = self.commit_log.data_end
         self.queues.truncate_dirty(data_end)
         self._resume_dispatch(data_end)
@@ -107,6 +131,7 @@ class DefaultMessageStore:
         self.recover_topic_queue_table()
         read = self.commit_log.get_data
         store_recovery.replay_system_records(self.queues, read, self.system)
+        self._register_topics_of_queues()
         store_recovery.rebuild_idempotency(self.queues, read, self.gets.store_time_of,
                                            self.config.idempotency_window_ms, self.reput.remember_idempotency)
         try:
@@ -119,6 +144,13 @@ class DefaultMessageStore:
         log.info("event=store_started broker=%s mode=%s reput_offset=%d queues=%d topics=%d",
                  self.config.broker_name, "dledger" if self.dledger else "local", self.reput.reput_offset,
                  len(self.queues.queues), len(self.topics.all()))
+
+    def _register_topics_of_queues(self) -> None:
+        # A queue on disk whose topic no record names (system topics; data older than the records
+        # left) is served under a default config — unless all it holds predates the topic's delete.
+        for (topic, queue_id), cq in self.queues.items():
+            if topic not in self.topics and cq.max_phys_end > self.topics.deleted_at.get(topic, -1):
+                self.topics.ensure_from_data(topic, queue_id)
 
     def _resume_dispatch(self, data_end: int) -> None:
         # Resume at the queue that is furthest behind: after a power loss each consume queue keeps
@@ -138,6 +170,7 @@ class DefaultMessageStore:
 
     async def shutdown(self) -> None:
         self._stopping.set()
+        await self.snapshots.stop()
         await self.commit_log.shutdown()
         if self._flush_task is not None:
             await self._flush_task
@@ -149,25 +182,31 @@ class DefaultMessageStore:
                  self.reput.reput_offset)
 
     async def _flush_loop(self) -> None:
-        """Consume queues are page cache between fsyncs: flush them once a second."""
+        """Consume queues are page cache between fsyncs: flush them once a second. Also a state
+        snapshot when one is due, and a retention pass every `cleanResourceInterval`."""
+        loop = asyncio.get_running_loop()
+        next_clean = loop.time() + self.config.clean_resource_interval / 1000
         while not self._stopping.is_set():
             try:
                 await asyncio.wait_for(self._stopping.wait(), _FLUSH_INTERVAL_S)
             except TimeoutError:
                 pass
-            self._flushes += 1
-            if self._flushes % _RETENTION_EVERY_FLUSHES == 0:
-                self.clean_expired()
+            self.snapshots.maybe_write()
+            if loop.time() >= next_clean:
+                next_clean = loop.time() + self.config.clean_resource_interval / 1000
+                await self.clean_expired()
             mark = self.reput.reput_offset  # before the flush: every unit below it is in a map now
             dirty = self.queues.dirty()
             if dirty or mark != self._checkpointed:
                 await asyncio.to_thread(store_recovery.flush_queues, dirty, (self.checkpoint_path, mark))
                 self._checkpointed = mark
 
-    def clean_expired(self) -> None:
-        """One retention pass: expired commit-log files go (a DLedger log deletes its own), then
-        consume-queue units pointing below the log's first byte are no longer served."""
-        self.commit_log.delete_expired(self.reput.reput_offset)
+    async def clean_expired(self) -> None:
+        """One retention pass: a due state snapshot is written first (the state in the files about
+        to go is re-written ahead of them), expired commit-log files go (a DLedger log deletes its
+        own), then consume-queue units pointing below the log's first byte are no longer served."""
+        await self.snapshots.write_if_due()
+        self.commit_log.delete_expired()
         self.queues.correct_min_offsets(self.commit_log.min_offset)
 
     def recover_topic_queue_table(self) -> None:
@@ -215,19 +254,22 @@ class DefaultMessageStore:
 
     # ---- producing ------------------------------------------------------------------------------
 
-    async def put_messages(self, topic: str, msgs: list[Message], queue_id: int | None = None,
-                           *, _system: bool = False) -> list[PutResult]:
+    # The awaitables of the services, handed out as they are (no coroutine of ours around them:
+    # a single produce is ~15 us, and each layer of coroutine costs several percent of it).
+
+    def put_messages(self, topic: str, msgs: list[Message], queue_id: int | None = None,
+                     *, _system: bool = False) -> Awaitable[list[PutResult]]:
         """See `PutMessageService.put_messages`."""
-        return await self.puts.put_messages(topic, msgs, queue_id, _system=_system)
+        return self.puts.put_messages(topic, msgs, queue_id, _system=_system)
 
-    async def append_system_record(self, sys_topic: str, record: dict[str, Any], *,
-                                   force: bool = False) -> None:
+    def append_system_record(self, sys_topic: str, record: dict[str, Any], *,
+                             force: bool = False) -> Awaitable[None]:
         """See `PutMessageService.append_system_record`."""
-        await self.puts.append_system_record(sys_topic, record, force=force)
+        return self.puts.append_system_record(sys_topic, record, force=force)
 
-    async def wait_dispatched(self, phys_end: int, timeout_s: float = 10.0) -> None:
+    def wait_dispatched(self, phys_end: int, timeout_s: float = 10.0) -> Awaitable[None]:
         """Return once the dispatcher has passed commit-log position `phys_end`."""
-        await self.reput.wait_dispatched(phys_end, timeout_s)
+        return self.reput.wait_dispatched(phys_end, timeout_s)
 
     @property
     def reput_offset(self) -> int:
@@ -271,9 +313,9 @@ class DefaultMessageStore:
         """First queue offset stored at or after `ts_ms` (max offset if none)."""
         return self.gets.offset_for_timestamp(topic, queue_id, ts_ms)
 
-    async def wait_for_message(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
+    def wait_for_message(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> Awaitable[bool]:
         """Long polling: True once the queue's max offset passes `offset`, False after `timeout_s`."""
-        return await self.long_polling.wait_for_message(topic, queue_id, offset, timeout_s)
+        return self.long_polling.wait_for_message(topic, queue_id, offset, timeout_s)
 
     # ---- replicated state -----------------------------------------------------------------------
 

@@ -97,9 +97,8 @@ class ConsumerOffsetManager:
             while self._inflight:
                 self._drained.clear()
                 await self._drained.wait()
-            table = [[g, t, {str(q): o for q, o in qs.items()}] for (g, t), qs in self._table.items()]
             self.records_since_snapshot = 0
-            await self._writer(SYS_CONSUMER_OFFSETS, {"snapshot": table})
+            await self._writer(SYS_CONSUMER_OFFSETS, {"snapshot": self.snapshot()})
 
     def query(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 if the group never committed one for this queue."""
@@ -117,8 +116,7 @@ class ConsumerOffsetManager:
         """Apply a replicated offset record (dispatcher, in log order); a snapshot replaces the table."""
         if "snapshot" in record:
             try:
-                self._table = {(str(g), str(t)): {int(q): int(o) for q, o in qs.items()}
-                               for g, t, qs in record["snapshot"]}
+                self.restore(record["snapshot"])
                 self.records_since_snapshot = 0
             except (TypeError, ValueError, AttributeError):
                 log.error("event=bad_offset_snapshot")
@@ -135,6 +133,15 @@ class ConsumerOffsetManager:
     def drop_topic(self, topic: str) -> None:
         for key in [k for k in self._table if k[1] == topic]:
             del self._table[key]
+
+    def snapshot(self) -> list[list[Any]]:
+        """The whole table for a state snapshot: [[group, topic, {queueId: offset}], ...]."""
+        return [[g, t, {str(q): o for q, o in qs.items()}] for (g, t), qs in self._table.items()]
+
+    def restore(self, snapshot: Any) -> None:
+        """Replace the table by a `snapshot()`'s."""
+        self._table = {(str(g), str(t)): {int(q): int(o) for q, o in qs.items()}
+                       for g, t, qs in snapshot or ()}
 
 
 _TS_BITS = 48  # store timestamps in ms: good until the year 10889

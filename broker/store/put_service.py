@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +27,7 @@ from broker.role import BrokerRoleState
 from broker.store.base import CommitLog
 from broker.store.offsets import IdempotencyTable, PutResult
 from broker.store.reput import ReputMessageService
-from broker.topics import TopicConfig, TopicConfigManager, validate_topic
+from broker.topics import PERM_WRITE, TopicConfig, TopicConfigManager, validate_topic
 
 log = logging.getLogger("broker.store.message_store")
 
@@ -39,6 +40,42 @@ class _Pending:
 
     future: asyncio.Future[PutResult] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class SystemWriteGate:
+    """System-record writes in flight, and a way to hold them all back: a state snapshot must
+    be written with none in flight, so it holds exactly the state at its place in the log."""
+
+    def __init__(self) -> None:
+        self._inflight = 0
+        self._drained = asyncio.Event()
+        self._open = asyncio.Event()
+        self._open.set()
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[None]:
+        """One system-record write (waits while the gate is held)."""
+        while not self._open.is_set():
+            await self._open.wait()
+        self._inflight += 1
+        try:
+            yield
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._drained.set()
+
+    @asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        """No system-record write in flight or started until the block ends (one holder at a time)."""
+        self._open.clear()
+        try:
+            while self._inflight:
+                self._drained.clear()
+                await self._drained.wait()
+            yield
+        finally:
+            self._open.set()
 
 
 class PutMessageService:
@@ -55,6 +92,7 @@ class PutMessageService:
         self.role = role
         self.not_master_error = not_master_error
         self.started = False  # set by the store once it has recovered
+        self.system_gate = SystemWriteGate()
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._round_robin: dict[str, int] = {}
 
@@ -63,7 +101,11 @@ class PutMessageService:
         """Store a batch (all to one queue) and return once committed. A message whose idempotency
         key was stored within `idempotencyWindowMs` is not stored again: its first result is
         returned. Raises BrokerError; on an error nothing of the batch is stored."""
-        cfg = await self._writable_topic(topic, msgs, _system)
+        cfg = self._writable_topic(topic, msgs, _system)
+        if cfg is None:  # the topic's first message (no coroutine on the common path)
+            await self.topics.auto_create(topic)
+            cfg = self._writable_topic(topic, msgs, _system)
+            assert cfg is not None
         queue_id = self._choose_queue(cfg, queue_id)
         results: list[PutResult | None] = [None] * len(msgs)
         waits: list[tuple[int, asyncio.Future[PutResult]]] = []
@@ -75,7 +117,7 @@ class PutMessageService:
             for p in mine.values():
                 p.future.cancel()
             raise
-        stored = await self._append_claimed(topic, queue_id, bufs, mine) if bufs else []
+        stored = await self._append(topic, queue_id, bufs, mine) if bufs else []
         now = int(time.time() * 1000)
         for i, res in zip(to_store, stored, strict=True):
             results[i] = res
@@ -89,24 +131,24 @@ class PutMessageService:
             results[i] = await fut
         return [r for r in results if r is not None]
 
-    async def _writable_topic(self, topic: str, msgs: list[Message], system: bool) -> TopicConfig:
-        """The topic's config, once every reason to refuse the whole put is ruled out."""
+    def _writable_topic(self, topic: str, msgs: list[Message], system: bool) -> TopicConfig | None:
+        """The topic's config, once every reason to refuse the whole put is ruled out (None: a
+        topic to create first)."""
         validate_topic(topic, allow_system=system)
         if not msgs:
             raise BrokerError(BrokerCode.INVALID_REQUEST, "no messages to store", field="messages")
         if not system and not self.role.is_master:
             raise self.not_master_error()
         if not self.started:
-            raise BrokerError(BrokerCode.SERVICE_UNAVAILABLE, "store is starting")
+            raise BrokerError(BrokerCode.SERVICE_UNAVAILABLE, "store is starting", outcome="refused")
         cfg = self.topics.get(topic)
         if cfg is None:
-            if system:
-                self.topics.ensure_from_data(topic, 0)
-                cfg = self.topics.get(topic)
-            else:
-                cfg = await self.topics.auto_create(topic)
-        assert cfg is not None
-        if not cfg.is_writeable():
+            if not system:
+                return None
+            self.topics.ensure_from_data(topic, 0)
+            cfg = self.topics.get(topic)
+            assert cfg is not None
+        if not cfg.perm & PERM_WRITE:
             raise BrokerError(BrokerCode.NO_PERMISSION, f"topic {topic!r} is not writeable (perm {cfg.perm})",
                               topic=topic)
         return cfg
@@ -153,31 +195,25 @@ class PutMessageService:
         return encode_batch(batch, queue_id=queue_id, store_host=self.config.broker_addr,
                             max_message_size=self.config.max_message_size)
 
-    async def _append_claimed(self, topic: str, queue_id: int, bufs: list[bytearray],
-                              mine: dict[tuple[str, str], _Pending]) -> list[PutResult]:
-        """Append; if it fails, the puts waiting on keys this one claimed fail with it."""
+    async def _append(self, topic: str, queue_id: int, bufs: list[bytearray],
+                      mine: dict[tuple[str, str], _Pending]) -> list[PutResult]:
+        """Append; if it fails, the puts waiting on keys this one claimed (`mine`) fail with it."""
         self._pending.update(mine)
-        try:
-            return await self._append(topic, queue_id, bufs)
-        except BaseException as exc:
-            for k, p in mine.items():
-                self._pending.pop(k, None)
-                if not p.future.done():
-                    p.future.set_exception(exc if isinstance(exc, BrokerError) else BrokerError(
-                        BrokerCode.TIMEOUT, f"the first put with this idempotency key was interrupted "
-                        f"({type(exc).__name__}); the outcome is unknown, retry", outcome="unknown"))
-                    p.future.exception()  # retrieved: a failure nobody waited for is not "never retrieved"
-            raise
-
-    async def _append(self, topic: str, queue_id: int, bufs: list[bytearray]) -> list[PutResult]:
         try:
             placed = await self.commit_log.put(topic, queue_id, bufs)
         except BrokerError as exc:
             if exc.code != BrokerCode.NOT_MASTER:
+                self._fail_claims(mine, exc)
                 raise
             err = self.not_master_error()  # names the master: the store knows the members
             err.detail = f"{err.detail} ({exc.detail})"
+            self._fail_claims(mine, err)
             raise err from None
+        except BaseException as exc:
+            self._fail_claims(mine, BrokerError(
+                BrokerCode.TIMEOUT, f"the first put with this idempotency key was interrupted "
+                f"({type(exc).__name__}); the outcome is unknown, retry", outcome="unknown"))
+            raise
         # Committed; also wait (briefly) for our own dispatcher so a pull right after the answer
         # sees the messages (the local log has dispatched them already). A slow dispatch never
         # fails the put.
@@ -192,6 +228,14 @@ class PutMessageService:
         return [PutResult(f"{prefix}{phys:016X}", qid, qoff, phys, size)  # create_message_id, inlined
                 for (phys, size, qid, qoff) in placed]
 
+    def _fail_claims(self, mine: dict[tuple[str, str], _Pending], error: BrokerError) -> None:
+        """The put that claimed these keys failed: so do the puts waiting on them."""
+        for k, p in mine.items():
+            self._pending.pop(k, None)
+            if not p.future.done():
+                p.future.set_exception(error)
+                p.future.exception()  # retrieved: a failure nobody waited for is not "never retrieved"
+
     async def append_system_record(self, sys_topic: str, record: dict[str, Any], *,
                                    force: bool = False) -> None:
         """Write a JSON record into a system topic (queue 0), wait until it is committed AND
@@ -200,5 +244,6 @@ class PutMessageService:
         if not self.role.is_master and not force:
             raise self.not_master_error()
         msg = Message(sys_topic, orjson.dumps(record), properties={PROPERTY_UNIQ_KEY: new_uniq_key()})
-        res = await self.put_messages(sys_topic, [msg], 0, _system=True)
-        await self.reput.wait_dispatched(res[0].commit_log_offset + res[0].store_size)
+        async with self.system_gate.write():
+            res = await self.put_messages(sys_topic, [msg], 0, _system=True)
+            await self.reput.wait_dispatched(res[0].commit_log_offset + res[0].store_size)

@@ -69,6 +69,10 @@ class ReputMessageService:
         self.idempotency = idempotency
         self.long_polling = long_polling
         self.topic_queue_table = topic_queue_table
+        # Read once per message: the structures themselves (no method call on the hot path).
+        self._queue_map = queues.queues
+        self._system_topics = system.topics
+        self._poll_waiting = long_polling.waiting
         self.reput_offset = 0  # everything below this commit-log offset is dispatched
         self.recovered_end = 0  # end of the furthest consume queue at start (all of it committed)
         # Puts/records waiting for the dispatcher to pass their end: a min-heap on the commit-log
@@ -79,9 +83,6 @@ class ReputMessageService:
     @property
     def readable_end(self) -> int:
         return max(self.reput_offset, self.recovered_end)
-
-    def last_dispatched_phys(self) -> int:
-        return self.queues.last_unit_ending_at(self.reput_offset)
 
     def skip_to(self, pos: int) -> None:
         self.reput_offset = max(self.reput_offset, pos)
@@ -153,17 +154,20 @@ class ReputMessageService:
             tags_code = info.tags_code
         self.topics.ensure_from_data(topic, queue_id)
         key = (topic, queue_id)
-        cq = self.queues.get(key)
+        cq = self._queue_map.get(key)
         if cq is None:
             cq = self.queues.create(topic, queue_id)
         written = cq.put_unit(queue_offset, phys, size, tags_code)
-        self._advance_table(key, queue_offset + 1)
-        if written and topic in self.system:  # a unit already present was applied by the start-up replay
+        table = self.topic_queue_table
+        if table.get(key, 0) <= queue_offset:  # see _advance_table
+            table[key] = queue_offset + 1
+        if written and topic in self._system_topics:  # a unit already present was applied at start
             self.system.apply(topic, phys, data)
         if info is not None and info.idempotency_key:
             self.remember_idempotency(info)
         self.reput_offset = phys + size
-        self.long_polling.notify(key)
+        if self._poll_waiting:
+            self.long_polling.notify(key)
         return True
 
     def _advance_table(self, key: tuple[str, int], next_qoff: int) -> None:
@@ -226,8 +230,8 @@ class ReputMessageService:
             if self.dispatch(data[off:msg_end], phys) and body_len >= 0:
                 raw = bytes(data[topic_at + 1:topic_at + 1 + data[topic_at]])
                 topic = topic_name(raw)
-                run_cq = self.queues.get((topic, queue_id))
-                if run_cq is not None and topic not in self.system:
+                run_cq = self._queue_map.get((topic, queue_id))
+                if run_cq is not None and topic not in self._system_topics:
                     run_sig, run_tail = plain_tail_signature(raw)
                     sig_len = len(run_sig)
                     run_topic, run_topic_f = topic, run_sig[:1 + len(raw)]

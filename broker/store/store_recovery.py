@@ -16,11 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.errors import BrokerError
-from broker.message import DispatchInfo, decode_dispatch_info
+from broker.message import DispatchInfo, decode_dispatch_info, decode_message
 from broker.store.consume_queue import ConsumeQueue
 from broker.store.consume_queue_store import ConsumeQueueStore
-from broker.store.system_state import SystemRecords
-from broker.topics import is_system_topic
+from broker.store.system_state import SnapshotPart, SystemRecords, read_part
+from broker.topics import SYS_STATE_SNAPSHOT, is_system_topic
 
 ReadData = Callable[[int, int], memoryview]
 """read(commit-log offset, size): the bytes of a committed message (BrokerError if gone)."""
@@ -82,22 +82,30 @@ def read_dispatch_checkpoint(path: str) -> int | None:
 
 
 def replay_system_records(queues: ConsumeQueueStore, read: ReadData, system: SystemRecords) -> None:
-    """Rebuild topics, offsets, members (and any registered state) from the system topics. A
-    record holding a "snapshot" key replaces its state, so each topic's replay starts at its last
-    one (found by reading the queue backwards). The records of all system topics are then applied
-    merged in log order, as the dispatcher applied them: a topic delete comes after the offsets
-    committed before it and before those committed to a re-creation of the topic."""
+    """Rebuild topics, offsets, members (and every registered state) from the system topics: the
+    last complete state snapshot first, then the records after it. A record holding a "snapshot"
+    key replaces its own topic's state, so each topic's replay starts at its last one too (found
+    by reading the queue backwards). The records of all system topics are applied merged in log
+    order, as the dispatcher applied them: a topic delete comes after the offsets committed before
+    it and before those committed to a re-creation of the topic."""
     system.replaying = True
     try:
+        snapshot = last_state_snapshot(queues, read)
+        after = -1
+        if snapshot is not None:
+            system.restore(snapshot)
+            after = snapshot[-1].phys
         merged: list[tuple[int, str, Any]] = []
         for (topic, _), cq in sorted(queues.items()):
-            if topic not in system:
+            if topic not in system.handlers:
                 continue
             records = []
             for off in range(cq.max_offset - 1, cq.min_offset - 1, -1):
                 phys, size, _ = cq.get_unit(off)
                 if size <= 0:
                     continue
+                if phys < after:
+                    break
                 try:
                     data = read(phys, size)
                 except BrokerError as exc:
@@ -116,6 +124,41 @@ def replay_system_records(queues: ConsumeQueueStore, read: ReadData, system: Sys
             system.apply_record(topic, phys, record)
     finally:
         system.replaying = False
+
+
+def last_state_snapshot(queues: ConsumeQueueStore, read: ReadData) -> list[SnapshotPart] | None:
+    """The parts of the last complete state snapshot still in the log (read backwards from the
+    snapshot topic's end: a last part, then the ones before it), or None."""
+    cq = queues.get((SYS_STATE_SNAPSHOT, 0))
+    if cq is None:
+        return None
+    off = cq.max_offset - 1
+    while off >= cq.min_offset:
+        last = _part_at(cq, off, read)
+        off -= 1
+        if last is None or last.index != last.count - 1:
+            continue
+        parts = [last]
+        while parts[0].index > 0 and off >= cq.min_offset:
+            part = _part_at(cq, off, read)
+            if part is None or part.snapshot_id != last.snapshot_id or part.index != parts[0].index - 1:
+                break
+            parts.insert(0, part)
+            off -= 1
+        if parts[0].index == 0:
+            return parts
+    return None
+
+
+def _part_at(cq: ConsumeQueue, off: int, read: ReadData) -> SnapshotPart | None:
+    phys, size, _ = cq.get_unit(off)
+    if size <= 0:
+        return None
+    try:
+        return read_part(decode_message(read(phys, size), phys))
+    except BrokerError as exc:
+        log.error("event=snapshot_part_unreadable phys=%d reason=%s", phys, exc)
+        return None
 
 
 def rebuild_idempotency(queues: ConsumeQueueStore, read: ReadData,

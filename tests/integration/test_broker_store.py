@@ -282,7 +282,7 @@ async def test_local_retention_deletes_expired_files_and_moves_min_offset(tmp_pa
     try:
         for i in range(40):
             await s.put_messages("T", [Message("T", b"r" * 4000 + b"%d" % i)], 0)
-        s.clean_expired()
+        await s.clean_expired()
         assert s.commit_log.min_offset > 0
         lo = s.min_offset("T", 0)
         assert 0 < lo < 40 and s.max_offset("T", 0) == 40
@@ -366,8 +366,8 @@ async def test_restart_resumes_dispatch_at_the_checkpoint_not_at_an_idle_queue(m
     await s.put_messages("Idle", [Message("Idle", b"once")], 0)  # this queue's end stays here
     for _ in range(20):
         await s.put_messages("Busy", [Message("Busy", b"x" * 500) for _ in range(50)], 0)
-    end = s.reput_offset
     await close_store(s)
+    end = s.reput_offset  # at the stop (a state snapshot may have been written after the puts)
     with caplog.at_level("INFO", logger="broker.store.message_store"):
         s = await open_store(cfg)
     try:
@@ -418,3 +418,34 @@ async def test_concurrent_first_puts_create_topic_once(store):
                                  for i in range(10)))
     assert sorted(r[0].queue_offset for r in res) == list(range(10))
     assert store.max_offset("RMQ_SYS_TOPIC_CONFIG", 0) == 1
+
+
+async def test_state_snapshot_is_where_replay_starts_and_a_torn_one_is_skipped(mode, tmp_path, caplog):
+    from broker.topics import SYS_STATE_SNAPSHOT
+
+    cfg = make_config(mode, tmp_path)
+    s = await open_store(cfg)
+    await s.topics.create_or_update("Snap", 3, 2, 4)
+    await s.offsets.commit("g", "Snap", 0, 3)
+    await s.snapshots.write()
+    first = s.system.snapshot_first
+    assert first >= 0 and s.keep_from() == first
+    await s.offsets.commit("g", "Snap", 1, 4)
+    # A master that died mid-snapshot leaves its first parts: a later start must not use them.
+    torn = s.system.snapshot_messages(b'{"version": 1, "states": {}}', "torn", part_bytes=10)
+    assert len(torn) == 3
+    await s.put_messages(SYS_STATE_SNAPSHOT, torn[:2], 0, _system=True)
+    await close_store(s)
+    with caplog.at_level("INFO", logger="broker.store.message_store"):
+        s = await open_store(cfg)
+    try:
+        applied = [r.getMessage() for r in caplog.records if "event=state_snapshot_applied" in r.getMessage()]
+        assert len(applied) == 1 and f"first={first} " in applied[0]
+        replayed = [r.getMessage() for r in caplog.records if "system_records_replayed" in r.getMessage()
+                    and "RMQ_SYS_CONSUMER_OFFSETS" in r.getMessage()]
+        assert replayed == ["event=system_records_replayed topic=RMQ_SYS_CONSUMER_OFFSETS records=1"]
+        cfg_snap = s.topics.get("Snap")
+        assert (cfg_snap.read_queue_nums, cfg_snap.write_queue_nums, cfg_snap.perm) == (3, 2, 4)
+        assert [s.offsets.query("g", "Snap", q) for q in range(3)] == [3, 4, -1]
+    finally:
+        await close_store(s)

@@ -275,7 +275,7 @@ async def test_retention_past_the_read_pointer_and_in_flight_offsets_skips_forwa
 
     first = (await recv(maxMessages=2, invisibleMs=100)).json()["messages"]
     assert [m["queueOffset"] for m in first] == [0, 1]
-    store.clean_expired()  # what the store's flush loop runs every 10 s
+    await store.clean_expired()  # what the store's flush loop runs every 10 s
     lo = store.min_offset("ret", 0)
     assert 3 < lo < 40
 

@@ -68,3 +68,23 @@ def test_correct_min_offset(tmp_path):
         cq.put_unit(i, i * 100, 100, 0)
     cq.correct_min_offset(350)
     assert cq.min_offset == 4
+
+
+def test_queue_that_starts_after_retention_begins_at_its_first_offset(tmp_path):
+    """A member that joins after retention moved the log's start meets a queue's first message at
+    offset 1234: the queue starts in the file holding it (no filler file for 0..1199), serves from
+    1234, and reopens the same way."""
+    cq = ConsumeQueue(str(tmp_path), "T", 0, 20 * 50)
+    cq.load()
+    assert cq.put_unit(1234, 9000, 100, 0)
+    assert cq.put_unit(1235, 9100, 100, 0)
+    assert (cq.min_offset, cq.max_offset) == (1234, 1236)
+    assert sorted(os.listdir(tmp_path / "T" / "0")) == [f"{1200 * 20:020d}"]
+    assert cq.get_units(1234, 10) == [(9000, 100, 0), (9100, 100, 0)]
+    cq.close()
+    again = ConsumeQueue(str(tmp_path), "T", 0, 20 * 50)
+    again.load()
+    again.recover()
+    again.correct_min_offset(9000)  # what the store does at start: fillers point below the log
+    assert (again.min_offset, again.max_offset, again.max_phys_end) == (1234, 1236, 9200)
+    again.close()
