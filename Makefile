@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint fault bench clean
+.PHONY: run test lint fault bench clean browser-deps
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -18,7 +18,16 @@ $(STAMP): $(BIN)/python pyproject.toml
 run: $(STAMP)
 	$(BIN)/ledgermq-run
 
-test: $(STAMP)
+# tests/browser drive Debian's Chromium: installed here when root (CI), else those tests skip.
+browser-deps:
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ]; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq chromium >/dev/null 2>&1 \
+	  || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } \
+	  || echo "chromium could not be installed: the browser tests will be skipped" >&2; \
+	fi
+
+test: $(STAMP) browser-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

@@ -26,6 +26,7 @@ import uvicorn
 import uvloop
 from fastapi import FastAPI
 
+from apidocs import install_offline_docs
 from broker.config import ConfigError, load_broker_config, parse_properties
 from broker.runtime import BrokerRuntime, tune_gc
 
@@ -95,7 +96,8 @@ class BrokerContainer:
         self.stopping = asyncio.Event()
 
     def app(self) -> FastAPI:
-        app = FastAPI(title="LedgerMQ broker container", version="0.1.0")
+        app = FastAPI(title="LedgerMQ broker container", version="0.1.0", docs_url=None, redoc_url=None)
+        install_offline_docs(app)
 
         @app.get("/health", summary="Container liveness and its brokers' states")
         async def health() -> dict[str, Any]:

@@ -1,9 +1,11 @@
-"""`ledgermq-run` (`make run`): a name server and the 3-member DLedger set broker-a on loopback.
+"""`ledgermq-run` (`make run`): a name server, the 3-member DLedger set broker-a and the console
+on loopback.
 
-Starts `mqnamesrv -c conf/namesrv.conf` and `mqbroker -c conf/dledger/broker-n{0,1,2}.conf` as
-separate processes with a fresh temporary store directory (or `--store-dir`), waits until a master
-is elected, prints curl lines to produce and consume, and stops everything on Ctrl-C / SIGTERM.
-A process that exits is reported, never a reason to abort the others.
+Starts `mqnamesrv -c conf/namesrv.conf`, `mqbroker -c conf/dledger/broker-n{0,1,2}.conf` and
+`mqdashboard -n <name server> --port 8080` as separate processes with a fresh temporary store
+directory (or `--store-dir`), waits until a master is elected, prints curl lines to produce and
+consume and the console's address, and stops everything on Ctrl-C / SIGTERM. A process that exits
+is reported, never a reason to abort the others.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ REPO_CONF = Path(__file__).resolve().parents[1] / "conf"
 class DevCluster:
     """The processes of `make run`. Caller: `main`."""
 
-    def __init__(self, conf_dir: Path, store_dir: Path) -> None:
+    def __init__(self, conf_dir: Path, store_dir: Path, console_port: int = 8080) -> None:
         self.conf_dir = conf_dir
+        self.console_port = console_port
         self.store_dir = store_dir
         self.log_dir = store_dir / "logs"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -61,6 +64,7 @@ class DevCluster:
             except Exception as exc:  # report and keep going: the broker itself will say more
                 print(f"  ! {conf}: {exc}", flush=True)
             self._spawn(f"n{i}", ["broker", "-c", str(conf), "-D", f"storePathRootDir={store}"])
+        self._spawn("console", ["console", "-n", self.namesrv_addr, "--port", str(self.console_port)])
 
     def check_exits(self) -> None:
         for name, proc in self.procs.items():
@@ -126,6 +130,7 @@ def banner(master: tuple[str, str] | None, cluster: DevCluster) -> str:
         "Operate:",
         f"  mqadmin clusterList -n {cluster.namesrv_addr}     |  curl -s http://{m}/status",
         f"  API docs: http://{m}/docs     metrics: http://{m}/metrics",
+        f"Console: http://127.0.0.1:{cluster.console_port}/",
         "",
         f"Store and logs: {cluster.store_dir}   (Ctrl-C stops everything)",
     ]
@@ -138,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store-dir", help="store root (default: a fresh temporary directory, removed at exit)")
     p.add_argument("--conf-dir", default=str(REPO_CONF), help="directory holding namesrv.conf and dledger/")
     p.add_argument("--wait-master-s", type=float, default=30.0)
+    p.add_argument("--console-port", type=int, default=8080, help="port of the web console (mqdashboard)")
     args = p.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # One line per request from our own httpx clients (registration, probes) is noise.
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     temp = args.store_dir is None
     store_dir = Path(args.store_dir or tempfile.mkdtemp(prefix="ledgermq-run-")).resolve()
     store_dir.mkdir(parents=True, exist_ok=True)
-    cluster = DevCluster(Path(args.conf_dir), store_dir)
+    cluster = DevCluster(Path(args.conf_dir), store_dir, args.console_port)
     stop_requested: list[int] = []
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -153,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    print(f"Starting name server and broker-a (n0, n1, n2); logs in {cluster.log_dir}", flush=True)
+    print(f"Starting name server, broker-a (n0, n1, n2), console; logs in {cluster.log_dir}", flush=True)
     cluster.start()
     failed = True  # until the loop below says otherwise; keeps the logs of a failed start
     try:

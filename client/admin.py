@@ -70,8 +70,10 @@ class AsyncAdmin:
         broker_addr: str | list[str] | None = None,
         token: str | None = None,
         request_timeout_s: float = 10.0,
+        transport: AsyncTransport | None = None,
     ) -> None:
-        self.transport = AsyncTransport(token=token, timeout_s=request_timeout_s)
+        # A caller may pass its own transport (e.g. the console's, which counts its requests).
+        self.transport = transport or AsyncTransport(token=token, timeout_s=request_timeout_s)
         self.namesrv_urls = split_addrs(namesrv_addr)
         self.broker_urls = split_addrs(broker_addr)
         if not self.namesrv_urls and not self.broker_urls:
@@ -196,6 +198,12 @@ class AsyncAdmin:
                 last = exc
         raise BrokerUnreachableError(f"no member of {s.broker_name} answered: {last}")
 
+    async def topics_of_set(self, broker_set: BrokerSet) -> list[dict[str, Any]]:
+        """Every topic of one broker set, with config and each queue's min/max offsets, in one
+        request (`GET /admin/topics`, from any member, master first); with access control, only
+        the topics the token may read."""
+        return (await self._first(broker_set, "GET", "/admin/topics"))["topics"]
+
     # -- cluster -------------------------------------------------------------------------------
     async def cluster_list(self) -> list[dict[str, Any]]:
         """Every member of every broker set with its `/status` (role, term, commit index)."""
@@ -223,6 +231,15 @@ class AsyncAdmin:
                 rows.append(row)
         return rows
 
+    async def member_status(self, addr: str, timeout_s: float = 2.0) -> dict[str, Any]:
+        """One broker member's `GET /status`: role, master address, DLedger metadata with
+        `followerLag` on the leader."""
+        return await self.transport.request("GET", f"{base_url(addr)}/status", timeout_s=timeout_s)
+
+    async def member_metrics(self, addr: str, timeout_s: float = 2.0) -> str:
+        """One member's Prometheus exposition (`GET /metrics`), as text."""
+        return await self.transport.request("GET", f"{base_url(addr)}/metrics", timeout_s=timeout_s)
+
     async def leadership_transfer(self, broker_name: str, transferee_id: str) -> dict[str, Any]:
         """Ask the master of `broker_name` to hand DLedger leadership to member `transferee_id`."""
         (s,) = await self.broker_sets(broker_name=broker_name)
@@ -237,11 +254,29 @@ class AsyncAdmin:
     async def consumer_progress(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
         """Per broker set, topic and queue: the group's committed offset, max offset and lag."""
         rows = []
-        params = {"topic": topic} if topic else None
         for s in await self.broker_sets():
-            doc = await self._first(s, "GET", f"/consumers/{seg(group)}/offsets", params=params)
-            rows += [{"brokerName": s.broker_name, **o} for o in doc["offsets"]]
+            offsets = await self.group_offsets_of_set(s, group, topic)
+            rows += [{"brokerName": s.broker_name, **o} for o in offsets]
         return rows
+
+    async def groups_of_set(self, broker_set: BrokerSet) -> list[dict[str, Any]]:
+        """Every consumer group of one broker set with its lag summed per topic, in one request
+        (`GET /admin/consumers`); with access control, only what the token may read."""
+        return (await self._first(broker_set, "GET", "/admin/consumers"))["groups"]
+
+    async def acl_accounts_of_set(self, broker_set: BrokerSet) -> dict[str, Any]:
+        """One broker set's ACL accounts and rights, without tokens (`GET /admin/acl`: every
+        account for an admin token, else the token's own): `{"enabled", "accounts"}`."""
+        return await self._first(broker_set, "GET", "/admin/acl")
+
+    async def group_offsets_of_set(
+        self, broker_set: BrokerSet, group: str, topic: str | None = None
+    ) -> list[dict[str, Any]]:
+        """One broker set's rows of `consumer_progress`: committed offset, max offset, lag per
+        topic and queue."""
+        params = {"topic": topic} if topic else None
+        doc = await self._first(broker_set, "GET", f"/consumers/{seg(group)}/offsets", params=params)
+        return doc["offsets"]
 
     async def reset_offset_by_time(self, group: str, topic: str, timestamp_ms: int) -> list[dict[str, Any]]:
         """Move the group's committed offset of each queue to the first message stored at or after
@@ -299,6 +334,75 @@ class AsyncAdmin:
         if unreachable and len(unreachable) == len(named or sets):
             raise BrokerUnreachableError(f"message {msg_id}: no member of {', '.join(unreachable)} answered")
         raise MessageNotFoundError(f"message {msg_id} not found on any broker set")
+
+
+    async def search_messages_of_set(
+        self,
+        broker_set: BrokerSet,
+        topic: str,
+        *,
+        key: str | None = None,
+        queue_id: int | None = None,
+        begin_ms: int = 0,
+        end_ms: int | None = None,
+        max_messages: int = 64,
+    ) -> dict[str, Any]:
+        """One broker set's messages of `topic` by key and/or store time (`GET /messages`, a
+        bounded scan on the broker): `{"messages", "scanned", "truncated"}`."""
+        params: dict[str, Any] = {"topic": topic, "begin": begin_ms, "maxMessages": max_messages}
+        if key is not None:
+            params["key"] = key
+        if queue_id is not None:
+            params["queueId"] = queue_id
+        if end_ms is not None:
+            params["end"] = end_ms
+        return await self._first(broker_set, "GET", "/messages", params=params)
+
+    async def query_msg_by_key(
+        self, topic: str, key: str, begin_ms: int = 0, end_ms: int | None = None, max_messages: int = 64
+    ) -> list[dict[str, Any]]:
+        """Messages of `topic` carrying `key` (RocketMQ's queryMsgByKey) on every broker set, each
+        with `brokerName`; sets without the topic are skipped."""
+        rows = []
+        for s in await self.broker_sets():
+            try:
+                doc = await self.search_messages_of_set(
+                    s, topic, key=key, begin_ms=begin_ms, end_ms=end_ms, max_messages=max_messages
+                )
+            except TopicNotExistError:
+                continue
+            rows += [{"brokerName": s.broker_name, **m} for m in doc["messages"]]
+        return rows
+
+    async def _set_of_message(self, msg_id: str) -> BrokerSet:
+        host, _ = decode_message_id(msg_id)
+        for s in await self.broker_sets():
+            if host in {_host_port(a) for a in s.addrs.values()}:
+                return s
+        raise MessageNotFoundError(f"message {msg_id}: no live broker set has its store host {host}")
+
+    async def message_deliveries(self, msg_id: str) -> dict[str, Any]:
+        """Per consumer group, where message `msg_id` stands (not received, in flight, acked,
+        dead-lettered) and the delivery events its master saw (`GET /messages/{id}/deliveries`)."""
+        s = await self._set_of_message(msg_id)
+        url = f"{self._master(s)}/messages/{seg(msg_id.upper())}/deliveries"
+        doc = await self.transport.request("GET", url)
+        return {"brokerName": s.broker_name, **doc}
+
+    async def resend_dead_letters(self, group: str, msg_ids: list[str]) -> list[dict[str, Any]]:
+        """Store a copy of each dead letter (messages of `%DLQ%{group}`) in its original topic,
+        on the broker set that holds it; the copies' ids."""
+        by_set: dict[str, tuple[BrokerSet, list[str]]] = {}
+        for msg_id in msg_ids:
+            s = await self._set_of_message(msg_id)
+            by_set.setdefault(s.broker_name, (s, []))[1].append(msg_id)
+        out = []
+        for s, ids in by_set.values():
+            doc = await self.transport.request(
+                "POST", f"{self._master(s)}/consumers/{seg(group)}/dlq/resend", json={"msgIds": ids}
+            )
+            out += [{"brokerName": s.broker_name, **r} for r in doc["results"]]
+        return out
 
 
 class Admin:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from apidocs import install_offline_docs
 from broker.config import BROKER_NAME_PATTERN
 from broker.http.limits import BodyLimitMiddleware
 from client.errors import PROBLEM_CONTENT_TYPE, problem_body
@@ -126,7 +127,10 @@ def create_app(
             except asyncio.CancelledError:
                 pass
 
-    app = FastAPI(title="LedgerMQ name server", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(
+        title="LedgerMQ name server", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None
+    )
+    install_offline_docs(app)
     app.state.registry = registry
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=REQUEST_LIMIT_BYTES)

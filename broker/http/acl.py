@@ -10,12 +10,11 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
+from apidocs import DOC_PATHS
 from broker.errors import BrokerError
 from broker.service.acl import AccessControl, Account
 
-OPEN_PATHS = frozenset(
-    {"/health", "/metrics", "/status", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
-)
+OPEN_PATHS = frozenset({"/health", "/metrics", "/status", "/openapi.json"}) | DOC_PATHS
 
 
 def account_of(request: Request) -> Account:

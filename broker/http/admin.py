@@ -22,7 +22,7 @@ from broker.http.schemas import (
     TopicOut,
     TopicsOut,
 )
-from broker.service import BrokerServices, OffsetRow, TopicInfo
+from broker.service import Account, BrokerServices, ClientInfo, OffsetRow, Right, TopicInfo
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,33 @@ def offsets_json(group: str, rows: list[OffsetRow]) -> dict[str, Any]:
     }
 
 
+def client_json(c: ClientInfo) -> dict[str, Any]:
+    """A connected consumer as the API shows it."""
+    return {
+        "clientId": c.client_id,
+        "protocol": c.protocol,
+        "addr": c.addr,
+        "topic": c.topic,
+        "lastSeen": c.last_seen_ms,
+    }
+
+
+def account_json(account: Account) -> dict[str, Any]:
+    """An ACL account as the API shows it: name and rights, never the token."""
+
+    def rights(table: dict[str, Right]) -> dict[str, str]:
+        # As the ACL file spells them: "PUB|SUB", "SUB", "DENY".
+        return {name: "|".join(r.name for r in (Right.PUB, Right.SUB) if r in granted) or "DENY"
+                for name, granted in table.items()}
+
+    return {
+        "name": account.name,
+        "admin": account.admin,
+        "topicPerms": rights(account.topic_perms),
+        "groupPerms": rights(account.group_perms),
+    }
+
+
 def build_router(services: BrokerServices) -> APIRouter:
     """Every admin route of one broker."""
     router = APIRouter()
@@ -83,6 +110,14 @@ def _topic_routes(services: BrokerServices) -> APIRouter:
     )
     async def get_topic(topic: TopicPath, request: Request) -> dict[str, Any]:
         return topic_json(topics.get(account_of(request), topic))
+
+    @router.get(
+        "/admin/topics",
+        summary="Every topic's config and queue offsets in one answer (those the token may read)",
+    )
+    async def all_topics(request: Request) -> dict[str, Any]:
+        infos = topics.readable(account_of(request))
+        return {"brokerName": services.state.config.broker_name, "topics": [topic_json(i) for i in infos]}
 
     @router.put(
         "/topics/{topic}",
@@ -148,6 +183,31 @@ def _offset_routes(services: BrokerServices) -> APIRouter:
         rows = await offsets.commit(account_of(request), group, body.topic, body.offsets)
         return offsets_json(group, rows)
 
+    @router.get(
+        "/admin/consumers",
+        summary="Every group's lag, in-flight messages and connected consumers (those the token may read)",
+    )
+    async def all_groups(request: Request) -> dict[str, Any]:
+        summaries = offsets.lag_summaries(account_of(request))
+        inflight = services.pop.inflight_counts()  # this master's: {} on a slave
+        clients: dict[str, list[dict[str, Any]]] = {}
+        for c in services.clients.clients():
+            clients.setdefault(c.group, []).append(client_json(c))
+        groups = []
+        for g in summaries:
+            topics = [{**t._asdict(), "inflight": inflight.get((g.group, t.topic), 0)} for t in g.topics]
+            total = sum(t["inflight"] for t in topics)
+            groups.append(
+                {
+                    "group": g.group,
+                    "lag": g.lag,
+                    "inflight": total,
+                    "topics": topics,
+                    "clients": clients.get(g.group, []),
+                }
+            )
+        return {"brokerName": services.state.config.broker_name, "groups": groups}
+
     @router.get("/consumers", summary="Groups with committed offsets")
     async def groups() -> dict[str, Any]:
         return {"groups": offsets.groups()}
@@ -174,6 +234,14 @@ def _ops_routes(services: BrokerServices) -> APIRouter:
     @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def metrics() -> Response:
         return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @router.get("/admin/acl", summary="ACL accounts and their rights, without tokens (an admin sees all)")
+    async def acl_accounts(request: Request) -> dict[str, Any]:
+        acl = services.acl
+        return {
+            "enabled": acl.enabled,
+            "accounts": [account_json(a) for a in acl.visible_accounts(account_of(request))],
+        }
 
     @router.post(
         "/admin/leadership-transfer",

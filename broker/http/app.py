@@ -1,5 +1,5 @@
-"""`create_app(services) -> FastAPI`: the broker's HTTP API (OpenAPI at /openapi.json, /docs), a
-thin adapter over `broker.service`: each route parses, calls a service and renders."""
+"""`create_app(services) -> FastAPI`: the broker's HTTP API (OpenAPI at /openapi.json, offline
+/docs and /redoc), a thin adapter over `broker.service`: each route parses, calls a service and renders."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from apidocs import install_offline_docs
 from broker.http import admin, consumers, messages
 from broker.http.acl import AuthMiddleware
 from broker.http.hot import HotHandlers, HotPath
@@ -44,7 +45,10 @@ def create_app(services: BrokerServices) -> BrokerApp:
         title=f"LedgerMQ broker {config.broker_name}",
         version="0.1.0",
         description="Produce, pull (long polling), group consumption, topic and offset admin.",
+        docs_url=None,
+        redoc_url=None,
     )
+    install_offline_docs(app)
     install_problem_handlers(app)
     # Added before the auth middleware, so it runs after it: a request without rights is refused
     # before its body is read.

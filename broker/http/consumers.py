@@ -1,5 +1,6 @@
 """The group-consumption routes (`/consumers/{group}/receive`, `/ack`, `/nack`, `/invisible`)
-over `PopService` (`broker/service/pop.py`), which holds the state and the rules."""
+over `PopService` (`broker/service/pop.py`), which holds the state and the rules, and the
+dead-letter resend over `DeadLetterService`."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from broker.http.codec import message_json
 from broker.http.schemas import (
     PROBLEM_RESPONSES,
     AckIn,
+    DlqResendIn,
     InvisibleIn,
     InvisibleOut,
     ReceiveIn,
     ReceiveOut,
     SettleOut,
 )
-from broker.service import AckResult, BrokerServices, ReceivedMessage
+from broker.service import AckResult, BrokerServices, ClientProtocol, ReceivedMessage
 from broker.service.pop import GROUP_NAME_RE, MAX_GROUP_LENGTH
 
 GroupPath = Annotated[str, Path(min_length=1, max_length=MAX_GROUP_LENGTH, pattern=GROUP_NAME_RE.pattern)]
@@ -36,6 +38,16 @@ def received_json(received: ReceivedMessage) -> dict[str, Any]:
     doc["reconsumeTimes"] = received.reconsume_times
     doc["receiptHandle"] = received.receipt_handle
     return doc
+
+
+def _client_of(request: Request) -> tuple[str, str]:
+    """(client id, address) of an HTTP consumer: its `X-Client-Id` header when it sends one, else
+    its address and user agent (one process, one id, whichever pooled connection it uses)."""
+    host = request.client.host if request.client else "?"
+    addr = f"{host}:{request.client.port}" if request.client else "?"
+    agent = request.headers.get("user-agent", "")
+    client_id = request.headers.get("x-client-id") or f"{host} {agent}".strip()
+    return client_id[:128], addr
 
 
 def settled_json(results: list[AckResult]) -> Response:
@@ -55,6 +67,7 @@ def build_router(services: BrokerServices) -> APIRouter:
         summary="Receive messages, invisible to the group until acked",
     )
     async def receive(group: GroupPath, body: ReceiveIn, request: Request) -> Response:
+        services.clients.seen(group, body.topic, ClientProtocol.HTTP, *_client_of(request))
         got = await pop.receive(
             account_of(request), group, body.topic, body.maxMessages, body.invisibleMs, body.waitMs
         )
@@ -92,5 +105,28 @@ def build_router(services: BrokerServices) -> APIRouter:
             account_of(request), group, body.topic, body.receiptHandle, body.invisibleMs
         )
         return _json({"receiptHandle": handle})
+
+    @router.post(
+        "/consumers/{group}/dlq/resend",
+        tags=["consumers"],
+        responses=PROBLEM_RESPONSES,
+        summary="Store copies of dead letters of the group in their original topic (master only)",
+    )
+    async def resend_dead_letters(group: GroupPath, body: DlqResendIn, request: Request) -> Response:
+        results = await services.dead_letters.resend(account_of(request), group, body.msgIds)
+        return _json(
+            {
+                "results": [
+                    {
+                        "msgId": r.msg_id,
+                        "newMsgId": r.new_msg_id,
+                        "topic": r.topic,
+                        "queueId": r.queue_id,
+                        "queueOffset": r.queue_offset,
+                    }
+                    for r in results
+                ]
+            }
+        )
 
     return router

@@ -1,4 +1,4 @@
-"""Message routes: produce, pull (long polling) and message lookup, as FastAPI routes.
+"""Message routes: produce, pull (long polling), message lookup, search and delivery history.
 
 Produce and pull are served by `hot.HotPath` before FastAPI sees them; these declarations carry
 their OpenAPI description (`openapi_extra`: parameters and the ProduceRequest schema) and serve
@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
+from fastapi import Path as PathParam
 from starlette.responses import Response
 
 from broker.http.acl import account_of
 from broker.http.codec import PULL_BINARY_CONTENT_TYPE, message_json
 from broker.http.hot import JSON, HotHandlers
-from broker.http.schemas import PROBLEM_RESPONSES, MessageOut, ProduceResponse, PullResponse
-from broker.service import MAX_PULL_MESSAGES, BrokerServices
+from broker.http.schemas import PROBLEM_RESPONSES, TOPIC_PATTERN, MessageOut, ProduceResponse, PullResponse
+from broker.message import MessageExt
+from broker.service import MAX_PULL_MESSAGES, BrokerServices, GroupDelivery
+from broker.service.query import MAX_SEARCH_RESULTS
 
 log = logging.getLogger(__name__)
 
@@ -165,4 +168,70 @@ def build_router(services: BrokerServices, hot: HotHandlers) -> APIRouter:
         msg = services.query.by_id(account_of(request), request.path_params["msgId"])
         return Response(orjson.dumps(message_json(msg)), media_type=JSON)
 
+    @router.get(
+        "/messages",
+        summary="Messages of a topic by key and/or store time (bounded scan; per queue or all queues)",
+        tags=["messages"],
+        responses=PROBLEM_RESPONSES,
+    )
+    async def search(
+        request: Request,
+        topic: Annotated[str, Query(max_length=127, pattern=TOPIC_PATTERN)],
+        key: Annotated[str | None, Query(min_length=1, max_length=255)] = None,
+        queueId: Annotated[int | None, Query(ge=0, le=65535)] = None,
+        begin: Annotated[int, Query(ge=0, le=2**62, description="store time from (ms)")] = 0,
+        end: Annotated[int | None, Query(ge=0, le=2**62, description="store time to (ms)")] = None,
+        maxMessages: Annotated[int, Query(ge=1, le=MAX_SEARCH_RESULTS)] = 64,
+    ) -> Response:
+        found = await services.query.search(
+            account_of(request),
+            topic,
+            key=key,
+            queue_id=queueId,
+            begin_ms=begin,
+            end_ms=end,
+            max_messages=maxMessages,
+        )
+        doc = {
+            "messages": [message_json(m) for m in found.messages],
+            "scanned": found.scanned,
+            "truncated": found.truncated,
+        }
+        return Response(orjson.dumps(doc), media_type=JSON)
+
+    @router.get(
+        "/messages/{msgId}/deliveries",
+        summary="A message's delivery state and history per consumer group (master only)",
+        tags=["messages"],
+        responses=PROBLEM_RESPONSES,
+    )
+    async def deliveries(
+        request: Request, msgId: Annotated[str, PathParam(pattern=r"^[0-9A-Fa-f]{32}$")]
+    ) -> Response:
+        msg, groups = services.deliveries.deliveries(account_of(request), msgId)
+        doc = deliveries_json(msg, groups)
+        return Response(orjson.dumps(doc), media_type=JSON)
+
     return router
+
+
+def deliveries_json(msg: MessageExt, groups: list[GroupDelivery]) -> dict[str, Any]:
+    """A message's delivery state per group as the API shows it."""
+    return {
+        "msgId": msg.msg_id,
+        "topic": msg.topic,
+        "queueId": msg.queue_id,
+        "queueOffset": msg.queue_offset,
+        "groups": [
+            {
+                "group": g.group,
+                "state": g.state,
+                "reconsumeTimes": g.reconsume_times,
+                "invisibleUntil": g.invisible_until_ms,
+                "events": [
+                    {"at": e.at_ms, "event": e.event, "reconsumeTimes": e.reconsume_times} for e in g.events
+                ],
+            }
+            for g in groups
+        ],
+    }

@@ -215,6 +215,7 @@ class StatusOut(BaseModel):
     brokerAddr: str
     role: Literal["MASTER", "SLAVE"]
     masterAddr: str | None
+    diskUsedRatio: float | None = Field(default=None, description="used fraction of the store's disk")
     dledger: dict[str, Any] | None = Field(
         description="DLedger metadata in DLedger mode: role, term, leaderId, committedIndex, "
         "peerWaterMarks and followerLag (entries each follower is behind, on the leader)"
@@ -233,3 +234,9 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
         (504, "TIMEOUT, outcome unknown"),
     )
 }
+
+
+class DlqResendIn(_In):
+    """`POST /consumers/{group}/dlq/resend`: dead letters of the group, by message id."""
+
+    msgIds: list[Annotated[str, Field(pattern=r"^[0-9A-Fa-f]{32}$")]] = Field(min_length=1, max_length=100)

@@ -11,17 +11,21 @@ A front-end authenticates a request once (`services.acl.authenticate(authorizati
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from broker.controller import BrokerController
 from broker.service.acl import ANONYMOUS, AccessControl, Account, Right
+from broker.service.clients import ClientInfo, ClientProtocol, ClientRegistry
+from broker.service.deliveries import DeliveryQueryService, DeliveryState, GroupDelivery
+from broker.service.dlq import DeadLetterService, ResendResult
 from broker.service.metrics import BrokerMetrics, BrokerStateCollector
-from broker.service.offsets import OffsetRow, OffsetService
+from broker.service.offsets import GroupLag, OffsetRow, OffsetService, TopicLag
 from broker.service.pop import AckResult, AckStatus, PopService, ReceivedMessage
 from broker.service.produce import ProduceService, PutResult
 from broker.service.pull import DEFAULT_PULL_BYTES, MAX_PULL_MESSAGES, GetResult, PullService
-from broker.service.query import MessageQueryService
+from broker.service.query import MessageQueryService, SearchResult
 from broker.service.state import BrokerState
 from broker.service.topics import QueueRange, TopicAdminService, TopicInfo
 
@@ -35,7 +39,15 @@ __all__ = [
     "AckStatus",
     "BrokerServices",
     "BrokerState",
+    "ClientInfo",
+    "ClientProtocol",
+    "ClientRegistry",
+    "DeadLetterService",
+    "DeliveryQueryService",
+    "DeliveryState",
     "GetResult",
+    "GroupDelivery",
+    "GroupLag",
     "MessageQueryService",
     "OffsetRow",
     "OffsetService",
@@ -45,9 +57,12 @@ __all__ = [
     "PutResult",
     "QueueRange",
     "ReceivedMessage",
+    "ResendResult",
     "Right",
+    "SearchResult",
     "TopicAdminService",
     "TopicInfo",
+    "TopicLag",
 ]
 
 
@@ -74,6 +89,9 @@ class BrokerServices:
     offsets: OffsetService
     topics: TopicAdminService
     query: MessageQueryService
+    deliveries: DeliveryQueryService
+    dead_letters: DeadLetterService
+    clients: ClientRegistry
 
     @classmethod
     def create(cls, controller: BrokerController) -> BrokerServices:
@@ -83,16 +101,21 @@ class BrokerServices:
         metrics = BrokerMetrics(controller.config.broker_name)
         pop = PopService(state, acl, metrics)
         pop.install()
+        produce = ProduceService(state, acl, metrics)
+        query = MessageQueryService(state, acl)
         services = cls(
             state=state,
             acl=acl,
             metrics=metrics,
-            produce=ProduceService(state, acl, metrics),
+            produce=produce,
             pull=PullService(state, acl, metrics),
             pop=pop,
             offsets=OffsetService(state, acl),
             topics=TopicAdminService(state, acl),
-            query=MessageQueryService(state, acl),
+            query=query,
+            deliveries=DeliveryQueryService(state, acl, pop, query),
+            dead_letters=DeadLetterService(state, acl, produce, query),
+            clients=ClientRegistry(lambda: int(time.time() * 1000)),
         )
         metrics.registry.register(BrokerStateCollector(controller.config.broker_name, services.snapshot))
         return services
@@ -117,6 +140,6 @@ class BrokerServices:
             "dledger": status["dledger"],
             "lag": lag,
             "queues": queues,
-            "store_path": self.state.config.store_path_root_dir,
+            "disk_used_ratio": self.state.disk_used_ratio(),
             "idempotency": (len(store.idempotency), store.idempotency.evicted),
         }

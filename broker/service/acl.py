@@ -69,6 +69,14 @@ class Account:
         granted = table.get(name, table.get("*", Right.NONE))
         return right in granted
 
+    def may_read_topic(self, topic: str) -> bool:
+        """SUB on `topic`, or admin: what listings for this account show."""
+        return self.admin or self.allows(self.topic_perms, topic, Right.SUB)
+
+    def may_read_group(self, group: str) -> bool:
+        """SUB on `group`, or admin."""
+        return self.admin or self.allows(self.group_perms, group, Right.SUB)
+
 
 # The caller of every request when ACL is off (never compared against a token).
 ANONYMOUS = Account(name="anonymous", token="", admin=True)
@@ -129,6 +137,13 @@ class AccessControl:
             if hmac.compare_digest(acc.token.encode(), token.encode()):
                 return acc
         raise BrokerError(BrokerCode.UNAUTHORIZED, "unknown token")
+
+    def visible_accounts(self, account: Account) -> list[Account]:
+        """The accounts `account` may look at (read-only, tokens are never shown): every one for
+        an admin, else its own; none with ACL off."""
+        if not self.enabled:
+            return []
+        return list(self.accounts) if account.admin else [account]
 
     def authorize(
         self,

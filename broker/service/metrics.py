@@ -7,7 +7,6 @@ scrape time by `BrokerStateCollector`, so the hot path pays nothing for them."""
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -160,15 +159,11 @@ class BrokerStateCollector(Collector):
             )
             evicted.add_metric([b], float(idem[1]))
             out.append(evicted)
-        path = s.get("store_path")
-        if path:
-            try:
-                du = shutil.disk_usage(path)
-                disk = GaugeMetricFamily(
-                    "ledgermq_disk_used_ratio", "Used fraction of the store's disk", labels=["broker"]
-                )
-                disk.add_metric([b], du.used / du.total if du.total else 0.0)
-                out.append(disk)
-            except OSError:
-                pass
+        ratio = s.get("disk_used_ratio")
+        if ratio is not None:
+            disk = GaugeMetricFamily(
+                "ledgermq_disk_used_ratio", "Used fraction of the store's disk", labels=["broker"]
+            )
+            disk.add_metric([b], ratio)
+            out.append(disk)
         return out

@@ -21,6 +21,22 @@ class OffsetRow(NamedTuple):
     lag: int
 
 
+class TopicLag(NamedTuple):
+    """A group's lag summed over the queues of one topic."""
+
+    topic: str
+    queues: int
+    lag: int
+
+
+class GroupLag(NamedTuple):
+    """A group's total lag and its lag per topic."""
+
+    group: str
+    lag: int
+    topics: list[TopicLag]
+
+
 class OffsetService:
     """Consumer offsets for one broker. Callers: the front-ends (offset routes, SDK, Spark)."""
 
@@ -32,6 +48,21 @@ class OffsetService:
     def groups(self) -> list[str]:
         """Groups with committed offsets."""
         return self.store.offsets.groups()
+
+    def lag_summaries(self, account: Account) -> list[GroupLag]:
+        """Every group `account` may read, with its lag per topic it may read (everything for an
+        admin or without ACL): a console's group list in one answer."""
+        out = []
+        for group in self.groups():
+            if not account.may_read_group(group):
+                continue
+            per_topic: dict[str, list[OffsetRow]] = {}
+            for row in self._rows(group, None):
+                if account.may_read_topic(row.topic):
+                    per_topic.setdefault(row.topic, []).append(row)
+            topics = [TopicLag(t, len(rows), sum(r.lag for r in rows)) for t, rows in per_topic.items()]
+            out.append(GroupLag(group, sum(t.lag for t in topics), topics))
+        return out
 
     def query(self, account: Account, group: str, topic: str | None = None) -> list[OffsetRow]:
         """Every queue of the topics `group` committed offsets for (or of `topic` only, with a row

@@ -44,6 +44,7 @@ from broker.service.acl import AccessControl, Account, Right
 from broker.service.metrics import BrokerMetrics
 from broker.service.pop_state import SYS_POP_STATE, PopStateReplica
 from broker.service.state import BrokerState
+from broker.service.trace import DeliveryEvent, DeliveryTrace
 from broker.topics import validate_topic
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,10 @@ class _Found:
     delivery_id: int
     status: str
 
+    def key(self, topic: str) -> tuple[str, int, int]:
+        """The message's (topic, queue id, queue offset)."""
+        return topic, self.queue_id, self.offset
+
 
 def _in_range(field_name: str, value: int, lo: int, hi: int) -> None:
     if not lo <= value <= hi:
@@ -180,6 +185,7 @@ class PopService:
         self.epoch = secrets.token_hex(4)
         self._next_delivery = 1
         self._states: dict[tuple[str, str], GroupTopicState] = {}
+        self.trace = DeliveryTrace(_now_ms)
 
     def install(self) -> None:
         """Apply pop-state records on every member, in log order (and on replay at start), and
@@ -285,10 +291,29 @@ class PopService:
         receipt state of it, replicated and in memory, so a topic created again under the same
         name is read from its start."""
         self.replica.drop_topic(topic)
+        self.trace.drop_topic(topic)
         dropped = [key for key in self._states if key[1] == topic]
         for key in dropped:
             del self._states[key]
         log.info("event=pop_state_dropped topic=%s groups=%d", topic, len(dropped))
+
+    def queue_state(self, group: str, topic: str, queue_id: int) -> QueueState | None:
+        """This master's receipt state of one queue for `group` in the current term (None when
+        the group has not received from it here). Read-only for callers: `broker.service.deliveries`."""
+        st = self._states.get((group, topic))
+        if st is None or st.term != self.state.term():
+            return None
+        return st.queues.get(queue_id)
+
+    def inflight_counts(self) -> dict[tuple[str, str], int]:
+        """(group, topic) → messages received and neither acked nor visible again yet, on this
+        master (RocketMQ's "in-flight" count of a consumer group)."""
+        term = self.state.term()
+        return {
+            key: sum(len(qs.inflight) for qs in st.queues.values())
+            for key, st in self._states.items()
+            if st.term == term
+        }
 
     def _log_skip(self, group: str, topic: str, queue_id: int, start: int, end: int) -> None:
         log.warning(
@@ -395,7 +420,7 @@ class PopService:
                 continue
             fl.reconsume_times += 1
             batch.recounts.setdefault(qid, {})[off] = fl.reconsume_times
-            batch.out.append(self._deliver(qid, off, fl, msg, _now_ms() + batch.invisible_ms))
+            batch.out.append(self._deliver(group, qid, off, fl, msg, _now_ms() + batch.invisible_ms))
         if gone:
             log.warning(
                 "event=pop_inflight_expired group=%s topic=%s queueId=%d offsets=%s minOffset=%d",
@@ -437,14 +462,18 @@ class PopService:
                 if base:
                     batch.recounts.setdefault(qid, {})[off] = fl.reconsume_times
                 qs.inflight[off] = fl
-                batch.out.append(self._deliver(qid, off, fl, msg, now + batch.invisible_ms))
+                batch.out.append(self._deliver(group, qid, off, fl, msg, now + batch.invisible_ms))
             if res.next_offset <= qs.read_ptr:
                 break
             qs.read_ptr = res.next_offset
 
-    def _deliver(self, qid: int, off: int, fl: Inflight, msg: MessageExt, until_ms: int) -> ReceivedMessage:
+    def _deliver(
+        self, group: str, qid: int, off: int, fl: Inflight, msg: MessageExt, until_ms: int
+    ) -> ReceivedMessage:
         fl.invisible_until_ms = until_ms
         fl.delivery_id = self._new_delivery_id()
+        event = DeliveryEvent.REDELIVERED if fl.reconsume_times else DeliveryEvent.RECEIVED
+        self.trace.record((msg.topic, qid, off), group, event, fl.reconsume_times)
         return ReceivedMessage(msg, self._handle(qid, off, fl.delivery_id), fl.reconsume_times)
 
     async def _wait(self, topic: str, st: GroupTopicState, remaining_s: float) -> None:
@@ -510,6 +539,8 @@ class PopService:
             raise
         if qs.inflight.get(off) is fl:
             del qs.inflight[off]
+            dead = DeliveryEvent.DEAD_LETTERED
+            self.trace.record((topic, msg.queue_id, off), group, dead, fl.reconsume_times + 1)
             return True
         return False
 
@@ -606,9 +637,10 @@ class PopService:
                 continue
             found = self._find(st, h, f"receiptHandles[{i}]")
             if found.status == "OK":
-                del found.qs.inflight[found.offset]
+                fl = found.qs.inflight.pop(found.offset)
                 settled.setdefault(found.queue_id, []).append(found.offset)
                 acked_now[h] = found
+                self.trace.record(found.key(topic), group, DeliveryEvent.ACKED, fl.reconsume_times)
             statuses.append(AckStatus.EXPIRED if found.status == "EXPIRED" else AckStatus.OK)
         await self._settle(group, topic, st, settled)
         # Only now (the ack is in the log) may a retry of these handles answer OK.
@@ -628,7 +660,9 @@ class PopService:
         for i, h in enumerate(handles):
             found = self._find(st, h, f"receiptHandles[{i}]")
             if found.status == "OK":
-                found.qs.inflight[found.offset].invisible_until_ms = now  # visible again at once
+                fl = found.qs.inflight[found.offset]
+                fl.invisible_until_ms = now  # visible again at once
+                self.trace.record(found.key(topic), group, DeliveryEvent.NACKED, fl.reconsume_times)
             results.append(AckResult(h, AckStatus.OK if found.status == "OK" else AckStatus.EXPIRED))
         return results
 

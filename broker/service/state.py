@@ -4,6 +4,7 @@ and leadership transfer. The one place the services touch the `BrokerController`
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -99,8 +100,17 @@ class BrokerState:
             "role": "MASTER" if self.is_master() else "SLAVE",
             "masterAddr": self.master_addr(),
             "uptimeMs": int((time.time() - self.started_at) * 1000),
+            "diskUsedRatio": self.disk_used_ratio(),
             "dledger": meta,
         }
+
+    def disk_used_ratio(self) -> float | None:
+        """Used fraction of the disk holding the store (None when it cannot be read)."""
+        try:
+            usage = shutil.disk_usage(self.config.store_path_root_dir)
+        except OSError:
+            return None
+        return usage.used / usage.total if usage.total else None
 
     async def transfer_leadership(self, transferee_id: str) -> dict[str, Any] | None:
         """Hand DLedger leadership to `transferee_id` (master only); the member's metadata after."""

@@ -1,6 +1,6 @@
-"""docker-compose.yml describes `make run`'s topology on separate hosts: a name server and the
-3-member set broker-a, one service per process, a volume per broker, and broker overrides that
-load (the same loader as `mqbroker -c ... -D ...`)."""
+"""docker-compose.yml describes `make run`'s topology on separate hosts: a name server, the
+3-member set broker-a and the console, one service per process, a volume per broker, and broker
+overrides that load (the same loader as `mqbroker -c ... -D ...`)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def broker_args(svc: dict) -> tuple[str, dict[str, str]]:
 def test_one_service_per_process_and_a_volume_per_broker():
     doc = services()
     names = set(doc["services"])
-    assert names == {"namesrv", "broker-n0", "broker-n1", "broker-n2"}
+    assert names == {"namesrv", "broker-n0", "broker-n1", "broker-n2", "console"}
     volumes = set()
     for i in range(3):
         svc = doc["services"][f"broker-n{i}"]
@@ -53,6 +53,16 @@ def test_broker_overrides_load_and_agree_on_the_group(tmp_path):
         assert cfg.broker_ip1 == f"broker-n{i}" and cfg.namesrv_addr == "namesrv:9876"
         peers.add(cfg.dledger_peers)
     assert len(peers) == 1
+
+
+def test_console_reads_the_name_server_and_listens_on_every_interface():
+    svc = services()["services"]["console"]
+    argv = shlex.split(svc["command"][-1].split("exec ", 1)[1])
+    assert argv[0] == "mqdashboard"
+    assert argv[argv.index("-n") + 1] == "namesrv:9876"
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"  # published through the port mapping
+    port = argv[argv.index("--port") + 1]
+    assert f"{port}:{port}" in svc["ports"]
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose is not installed")
