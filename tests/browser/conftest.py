@@ -157,7 +157,7 @@ class BrowserSession:
 
 
 def _open_page(chromium: Any, requests: list[str], refused: list[str]) -> Any:
-    context = chromium.new_context(viewport=VIEWPORT)
+    context = chromium.new_context(viewport=VIEWPORT, timezone_id="UTC")
     context.on("request", lambda req: requests.append(req.url))
 
     def guard(route: Any) -> None:

@@ -168,6 +168,12 @@ def test_group_lag_drops_to_zero_as_a_consumer_drains(cluster: Cluster, browser:
             stop.set()
             worker.result(timeout=30)
         browser.screenshot("group")
+        # Back to the start of the topic: every message is lag again.
+        page.get_by_label("Time", exact=True).fill("2000-01-01T00:00:00")
+        page.get_by_role("button", name="Reset offsets").click()
+        expect(page.locator(".notice.ok")).to_contain_text("queue offsets moved to 2000-01-01")
+        expect(lag).not_to_have_text("0")
+        assert int(lag.inner_text().replace(",", "")) >= 40
     finally:
         cluster.run(consumer.close)
 
@@ -383,7 +389,7 @@ def test_killed_master_turns_red_and_a_new_one_shows_in_3s(cluster: Cluster, bro
     elapsed = time.monotonic() - killed_at
     new = page.get_by_test_id("master-broker-a").inner_text()
     assert new in cluster.dledger and new != old
-    assert elapsed < 3.0
+    assert elapsed < 3.0, f"the page showed the new master {elapsed:.2f} s after the kill"
     browser.screenshot("cluster-after-failover")
     cluster.group.procs[old].wait(5)
 
