@@ -1,6 +1,7 @@
 // LedgerMQ console: the pages work without this file. It (1) re-fetches the #live part of a page
 // every data-refresh-ms and swaps it in when it changed, keeping keyboard focus; (2) asks before
-// a form with data-confirm is sent; (3) fills a form's time-zone offset for time inputs.
+// a form with data-confirm is sent; (3) fills a form's time-zone offset for time inputs; (4) filters
+// a table's rows by name.
 "use strict";
 (function () {
   document.addEventListener("submit", function (ev) {
@@ -9,6 +10,22 @@
   });
   document.querySelectorAll("[data-tz-offset]").forEach(function (el) {
     el.value = String(new Date().getTimezoneOffset());
+  });
+
+  // A filter box hides the rows of its table whose name does not contain the text; it is applied
+  // again after each live refresh.
+  function applyFilters() {
+    document.querySelectorAll("input[data-filter]").forEach(function (box) {
+      var needle = box.value.trim().toLowerCase();
+      var rows = document.querySelectorAll('[data-testid="' + box.dataset.filter + '"] tbody tr[data-testid]');
+      rows.forEach(function (row) {
+        var name = (row.querySelector("th") || row).textContent.toLowerCase();
+        row.hidden = needle !== "" && name.indexOf(needle) < 0;
+      });
+    });
+  }
+  document.addEventListener("input", function (ev) {
+    if (ev.target.matches && ev.target.matches("input[data-filter]")) applyFilters();
   });
 
   var live = document.getElementById("live");
@@ -45,6 +62,7 @@
       if (html !== last) {
         var key = focusKey();
         live.innerHTML = html;
+        applyFilters();
         restoreFocus(key);
         last = html;
       }
