@@ -322,6 +322,7 @@ class Cluster:
                 "namesrvAddr": "",
                 "storePathRootDir": str(self.workdir / "store-single"),
                 "flushDiskType": self.flush,
+                "grpcServerPort": "0",
                 **self.broker_overrides,
             },
         )
@@ -352,6 +353,7 @@ class Cluster:
                     "namesrvAddr": f"127.0.0.1:{ns_port}",
                     "storePathRootDir": str(self.workdir / f"store-n{i}"),
                     "flushDiskType": self.flush,
+                    "grpcServerPort": "0",
                     **self.broker_overrides,
                 },
             )

@@ -170,6 +170,7 @@ KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "aclEnable": ("acl_enable", _bool),
     "aclConfigFile": ("acl_config_file", _path),
     "registerNameServerPeriod": ("register_name_server_period", _register_period),
+    "grpcServerPort": ("grpc_server_port", _port),
 }
 
 # Keys RocketMQ knows that LedgerMQ does not implement: accepted, one warning each.
@@ -244,6 +245,7 @@ class BrokerConfig:
     acl_enable: bool = False
     acl_config_file: str = ""
     register_name_server_period: int = 30_000  # ms between heartbeats to every name server
+    grpc_server_port: int = 0  # the RocketMQ 5 gRPC endpoint's port (RocketMQ proxy's key); 0 = none
     source: str = "<defaults>"  # where the config came from, for error messages
     extra: dict[str, str] = field(default_factory=dict)  # accepted-but-unimplemented RocketMQ keys
 
@@ -251,6 +253,11 @@ class BrokerConfig:
     def broker_addr(self) -> str:
         """This broker's HTTP address as clients reach it (brokerIP1:listenPort)."""
         return f"{self.broker_ip1}:{self.listen_port}"
+
+    @property
+    def grpc_addr(self) -> str | None:
+        """This broker's gRPC address as clients reach it (brokerIP1:grpcServerPort), if any."""
+        return f"{self.broker_ip1}:{self.grpc_server_port}" if self.grpc_server_port else None
 
     @property
     def namesrv_addr_list(self) -> list[str]:

@@ -41,6 +41,7 @@ class DevCluster:
         self.log_dir = store_dir / "logs"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.broker_addrs: dict[str, str] = {}
+        self.grpc_addrs: dict[str, str] = {}  # members serving the RocketMQ 5 gRPC endpoint
         self.namesrv_addr = "127.0.0.1:9876"
         self.reported: set[str] = set()
 
@@ -60,6 +61,8 @@ class DevCluster:
             try:
                 cfg = load_broker_config(str(conf), {"storePathRootDir": str(store)})
                 self.broker_addrs[f"n{i}"] = cfg.broker_addr
+                if cfg.grpc_addr:
+                    self.grpc_addrs[f"n{i}"] = cfg.grpc_addr
                 self.namesrv_addr = cfg.namesrv_addr_list[0] if cfg.namesrv_addr_list else self.namesrv_addr
             except Exception as exc:  # report and keep going: the broker itself will say more
                 print(f"  ! {conf}: {exc}", flush=True)
@@ -113,7 +116,8 @@ def banner(master: tuple[str, str] | None, cluster: DevCluster) -> str:
     lines = ["", "LedgerMQ dev cluster: name server " + cluster.namesrv_addr + ", broker set broker-a:"]
     for sid, addr in cluster.broker_addrs.items():
         role = "master" if master and master[0] == sid else "slave"
-        lines.append(f"  {sid}  http://{addr}  ({role})")
+        grpc = f"  grpc {cluster.grpc_addrs[sid]}" if sid in cluster.grpc_addrs else ""
+        lines.append(f"  {sid}  http://{addr}{grpc}  ({role})")
     if master is None:
         lines.append("  (no master elected yet; the curl lines below need one)")
     m = master[1] if master else next(iter(cluster.broker_addrs.values()), "127.0.0.1:10911")
@@ -127,6 +131,14 @@ def banner(master: tuple[str, str] | None, cluster: DevCluster) -> str:
         "Group consumption:",
         f"  curl -s -X POST http://{m}/consumers/demo-group/receive -H 'Content-Type: application/json' \\",
         '       -d \'{"topic": "demo", "maxMessages": 16, "invisibleMs": 30000, "waitMs": 5000}\'',
+        *(
+            [
+                "RocketMQ 5 clients (Java, Go, Python, Node.js ...), any member is an access point:",
+                f"  endpoints = \"{';'.join(cluster.grpc_addrs.values())}\"",
+            ]
+            if cluster.grpc_addrs
+            else []
+        ),
         "Operate:",
         f"  mqadmin clusterList -n {cluster.namesrv_addr}     |  curl -s http://{m}/status",
         f"  API docs: http://{m}/docs     metrics: http://{m}/metrics",

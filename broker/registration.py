@@ -49,6 +49,7 @@ class BrokerRegistrar:
             "brokerAddr": cfg.broker_addr,
             "term": self.state.term(),
             "topics": topics,
+            **({"grpcAddr": cfg.grpc_addr} if cfg.grpc_server_port else {}),
         }
 
     def kick(self) -> None:

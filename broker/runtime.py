@@ -17,6 +17,7 @@ from typing import Protocol
 
 from broker.config import BrokerConfig
 from broker.controller import BrokerController
+from broker.grpc.server import GrpcFrontEnd
 from broker.http.server import HttpFrontEnd
 from broker.registration import BrokerRegistrar
 from broker.service import BrokerServices
@@ -63,7 +64,7 @@ FrontEndFactory = Callable[[BrokerServices], "FrontEnd | None"]
 
 def default_front_ends() -> list[FrontEndFactory]:
     """The front-ends every broker process starts, in start order."""
-    return [HttpFrontEnd]
+    return [HttpFrontEnd, GrpcFrontEnd.create]
 
 
 def build_controller(config: BrokerConfig) -> BrokerController:

@@ -49,6 +49,7 @@ class RegisterBrokerIn(BaseModel):
     brokerId: int = Field(ge=0)
     brokerAddr: str = Field(min_length=3, max_length=255)
     haAddr: str | None = Field(default=None, max_length=255)
+    grpcAddr: str | None = Field(default=None, min_length=3, max_length=255)
     term: int = Field(default=0, ge=0)
     topics: dict[str, TopicRouteIn] = Field(default_factory=dict)
 
@@ -147,6 +148,7 @@ def create_app(
             broker_id=body.brokerId,
             broker_addr=body.brokerAddr,
             ha_addr=body.haAddr,
+            grpc_addr=body.grpcAddr,
             term=body.term,
             topics=topics,
             now_ms=now_ms(),

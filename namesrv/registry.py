@@ -40,6 +40,7 @@ class BrokerLiveInfo:
     term: int
     last_update_ms: int
     topics: dict[str, TopicRouteConfig] = field(default_factory=dict)
+    grpc_addr: str | None = None  # the broker's RocketMQ 5 gRPC endpoint, if it serves one
 
 
 class RouteInfoManager:
@@ -64,6 +65,7 @@ class RouteInfoManager:
         now_ms: int,
         ha_addr: str | None = None,
         term: int = 0,
+        grpc_addr: str | None = None,
     ) -> None:
         """Register or refresh a broker (heartbeat). Affects: routes and cluster view at once."""
         old = self._brokers.get(broker_addr)
@@ -78,7 +80,7 @@ class RouteInfoManager:
                 None if old is None else f"{old.broker_name}/{old.broker_id}",
             )
         self._brokers[broker_addr] = BrokerLiveInfo(
-            cluster, broker_name, broker_id, broker_addr, ha_addr, term, now_ms, topics
+            cluster, broker_name, broker_id, broker_addr, ha_addr, term, now_ms, topics, grpc_addr
         )
         self.registrations_total += 1
 
@@ -122,15 +124,31 @@ class RouteInfoManager:
         return sets
 
     @staticmethod
-    def _addrs(members: list[BrokerLiveInfo]) -> tuple[dict[str, str], BrokerLiveInfo | None]:
-        """brokerId -> addr for one set, resolving duplicate ids; also returns the master entry."""
+    def _best(members: list[BrokerLiveInfo]) -> dict[int, BrokerLiveInfo]:
+        """brokerId -> the entry that holds it in one set (duplicate ids: highest term, latest)."""
         best: dict[int, BrokerLiveInfo] = {}
         for b in members:
             cur = best.get(b.broker_id)
             if cur is None or (b.term, b.last_update_ms) > (cur.term, cur.last_update_ms):
                 best[b.broker_id] = b
+        return best
+
+    @classmethod
+    def _addrs(cls, members: list[BrokerLiveInfo]) -> tuple[dict[str, str], BrokerLiveInfo | None]:
+        """brokerId -> addr for one set, resolving duplicate ids; also returns the master entry."""
+        best = cls._best(members)
         addrs = {str(i): best[i].broker_addr for i in sorted(best)}
         return addrs, best.get(0)
+
+    @classmethod
+    def _grpc(cls, members: list[BrokerLiveInfo]) -> dict[str, Any]:
+        """The set's gRPC endpoints (brokerId -> addr) and its master's, for RocketMQ 5 routes."""
+        best = cls._best(members)
+        master = best.get(0)
+        return {
+            "grpcAddrs": {str(i): best[i].grpc_addr for i in sorted(best) if best[i].grpc_addr},
+            "masterGrpcAddr": master.grpc_addr if master else None,
+        }
 
     def route(self, topic: str, now_ms: int) -> dict[str, Any] | None:
         """`GET /routes/{topic}` document, or None when no live broker holds the topic."""
@@ -149,6 +167,7 @@ class RouteInfoManager:
                     "cluster": members[0].cluster,
                     "addrs": addrs,
                     "masterAddr": master.broker_addr if master else None,
+                    **self._grpc(members),
                     "readQueueNums": cfg.read_queue_nums,
                     "writeQueueNums": cfg.write_queue_nums,
                     "perm": cfg.perm,
@@ -176,6 +195,7 @@ class RouteInfoManager:
                 "cluster": cluster,
                 "addrs": addrs,
                 "masterAddr": master.broker_addr if master else None,
+                **self._grpc(members),
                 "term": max(m.term for m in members),
                 "lastUpdate": max(m.last_update_ms for m in members),
                 "members": [
@@ -183,6 +203,7 @@ class RouteInfoManager:
                         "brokerId": m.broker_id,
                         "addr": m.broker_addr,
                         "haAddr": m.ha_addr,
+                        "grpcAddr": m.grpc_addr,
                         "term": m.term,
                         "lastUpdate": m.last_update_ms,
                         "topicCount": len(m.topics),

@@ -189,7 +189,7 @@ class FaultCluster:
                 "enableDLegerCommitLog": "true", "dLegerGroup": self.broker_name, "dLegerPeers": peers,
                 "dLegerSelfId": m.name, "flushDiskType": self.flush_disk_type,
                 "mappedFileSizeCommitLog": 4 * 1024 * 1024, "slaveReadEnable": "true",
-                "autoCreateTopicEnable": "true", "defaultTopicQueueNums": 4,
+                "autoCreateTopicEnable": "true", "defaultTopicQueueNums": 4, "grpcServerPort": 0,
             }
             overrides.update(self.conf_overrides)
             overrides.update(self.member_overrides.get(m.name, {}))

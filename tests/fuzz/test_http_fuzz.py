@@ -70,7 +70,7 @@ def _broker(tmp: Path, namesrv_port: int, acl: bool = False) -> Server:
     # well inside the requests' 10 s timeout (the default cap, 15 s, made such a draw a timeout).
     overrides: dict[str, object] = {"listenPort": port, "storePathRootDir": tmp / "store",
                                     "namesrvAddr": f"127.0.0.1:{namesrv_port}",
-                                    "brokerSuspendMaxTimeMillis": 2000}
+                                    "brokerSuspendMaxTimeMillis": 2000, "grpcServerPort": 0}
     if acl:
         acl_file = tmp / "acl.json"
         acl_file.write_text(json.dumps({"accounts": [

@@ -145,6 +145,7 @@ def start_broker(
         "listenPort": str(port),
         "storePathRootDir": str(workdir / f"store-{name}"),
         "namesrvAddr": namesrv or "",
+        "grpcServerPort": "0",  # the confs' fixed gRPC ports would collide; gRPC tests pass one
         **overrides,
     }
     conf = write_conf(src_conf, workdir / f"{name}.conf", values)

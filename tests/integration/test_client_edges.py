@@ -55,6 +55,7 @@ def _start_container(group: ProcessGroup, workdir: Path, ns: str) -> dict[str, s
                     "listenPort": str(port),
                     "storePathRootDir": str(workdir / f"store-{name}"),
                     "maxReconsumeTimes": "0",
+                    "grpcServerPort": "0",
                 },
             )
         )

@@ -32,7 +32,11 @@ def container(tmp_path):
                 write_conf(
                     CONF / "container" / f"{name}.conf",
                     tmp_path / f"{name}.conf",
-                    {"listenPort": str(ports[name]), "storePathRootDir": str(tmp_path / f"store-{name}")},
+                    {
+                        "listenPort": str(ports[name]),
+                        "storePathRootDir": str(tmp_path / f"store-{name}"),
+                        "grpcServerPort": "0",
+                    },
                 )
             )
         # A third broker whose port is the container's own: it must fail alone.
@@ -45,6 +49,7 @@ def container(tmp_path):
                     "brokerName": "broker-bad",
                     "listenPort": str(cport),
                     "storePathRootDir": str(tmp_path / "store-bad"),
+                    "grpcServerPort": "0",
                 },
             )
         )
@@ -104,6 +109,7 @@ async def test_a_hosted_broker_whose_server_stops_is_reported_failed_and_the_oth
                     "listenPort": str(port),
                     "storePathRootDir": str(tmp_path / f"store-{name}"),
                     "namesrvAddr": "",
+                    "grpcServerPort": "0",
                 },
             )
         )

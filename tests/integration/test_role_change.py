@@ -32,7 +32,7 @@ def cluster(tmp_path):
         confs.append(write_conf(CONF / "dledger" / f"broker-n{i}.conf", tmp_path / f"n{i}.conf", {
             "listenPort": str(http_ports[i]), "storePathRootDir": str(tmp_path / f"store-n{i}"),
             "namesrvAddr": "", "dLegerPeers": peers, "mappedFileSizeCommitLog": str(1 << 20),
-            "defaultTopicQueueNums": "2"}))
+            "defaultTopicQueueNums": "2", "grpcServerPort": "0"}))
     addrs = [f"127.0.0.1:{p}" for p in http_ports]
 
     def start(i: int) -> None:

@@ -92,6 +92,7 @@ def _broker_conf(tmp: Path, name: str, namesrv: str, overrides: dict[str, str | 
         "defaultTopicQueueNums": "4",
         "flushDiskType": "ASYNC_FLUSH",
         "slaveReadEnable": "true",
+        "grpcServerPort": "0",
     }
     return write_conf(CONF / "dledger" / "broker-n0.conf", tmp / f"{name}.conf", base | overrides)
 
@@ -120,6 +121,7 @@ def cluster(tmp_path_factory):
                 "brokerName": "broker-s",
                 "brokerId": "0",
                 "listenPort": str(port),
+                "grpcServerPort": str(free_port()),  # tests/spark/test_grpc_spark.py
                 "storePathRootDir": str(tmp / "store-s"),
                 "enableDLegerCommitLog": "false",
                 "dLegerGroup": None,

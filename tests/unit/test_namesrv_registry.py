@@ -84,3 +84,25 @@ def test_read_properties_continuation(tmp_path: Path):
     p = tmp_path / "x.properties"
     p.write_text("a=1\\\n  2\n! bang\nb : two words\n")
     assert read_properties(p) == {"a": "12", "b": "two words"}
+
+
+def test_grpc_addresses_of_members_and_master_in_route_and_cluster():
+    """Members that serve RocketMQ 5 gRPC register its address; routes name the master's (what a
+    gRPC QueryRoute answers), and a member without one is left out of `grpcAddrs`."""
+    m = RouteInfoManager(broker_expired_ms=1000)
+    for bid, addr, grpc in ((0, "h:1", "h:8081"), (1, "h:2", "h:8082"), (2, "h:3", None)):
+        m.register(
+            cluster="DefaultCluster",
+            broker_name="broker-a",
+            broker_id=bid,
+            broker_addr=addr,
+            topics=T,
+            now_ms=0,
+            term=1,
+            grpc_addr=grpc,
+        )
+    b = m.route("orders", now_ms=10)["brokers"][0]
+    assert (b["grpcAddrs"], b["masterGrpcAddr"]) == ({"0": "h:8081", "1": "h:8082"}, "h:8081")
+    c = m.cluster(now_ms=10)["brokers"]["broker-a"]
+    assert c["masterGrpcAddr"] == "h:8081"
+    assert [x["grpcAddr"] for x in c["members"]] == ["h:8081", "h:8082", None]

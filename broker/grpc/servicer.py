@@ -1,0 +1,386 @@
+"""`MessagingServicer`: the RPCs of rocketmq-apis v2 `MessagingService` over the broker's services.
+
+Each RPC is an "activity" as in RocketMQ's proxy: authenticate the call (`auth.py`), convert the
+request into the services' values (`convert.py`), call one service, convert the result — and any
+`BrokerError` into a `Status` (`status.py`). Produce, idempotency, pop/ack, ACL rights and
+metrics are the services'; nothing here decides what a message or a consumer may do.
+
+Message-model RPCs (transactions, recall, lite topics) and the offset-based ones no RocketMQ 5
+client of ours uses (Pull/UpdateOffset/GetOffset/QueryOffset) answer gRPC UNIMPLEMENTED naming
+what is missing; so does a send of a FIFO, delay or transaction message.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from prometheus_client import Counter, Histogram
+
+from broker.errors import BrokerCode, BrokerError, from_dledger, invalid
+from broker.grpc import auth
+from broker.grpc.batching import AckBatcher
+from broker.grpc.convert import duration_ms, from_message, timestamp, to_message
+from broker.grpc.forward import Forwarder
+from broker.grpc.protocol import Code, pb, spb, spb_grpc
+from broker.grpc.renewal import AUTO_RENEW_INVISIBLE_MS, InvisibilityRenewer
+from broker.grpc.route import RouteResolver, assignments, message_queues
+from broker.grpc.settings import settings_reply
+from broker.grpc.status import OK, error_status, status
+from broker.service.pop import AckStatus
+from broker.topics import validate_topic
+from dledger.codes import DLedgerException
+
+log = logging.getLogger(__name__)
+
+# A long poll answers this long before the client's deadline (the Python client's deadline is
+# its request timeout + the await duration), so the answer arrives before the client gives up.
+POLL_DEADLINE_MARGIN_MS = 1_000
+MESSAGE_MODEL = "the message model (FIFO, delay, transactions: issue #15)"
+
+
+class Unimplemented(Exception):
+    """A feature this endpoint does not serve yet: gRPC UNIMPLEMENTED with the message."""
+
+
+def _activity(response: type) -> Callable[..., Any]:
+    """Wrap a unary RPC: a BrokerError (or DLedger failure) becomes the response's Status, an
+    unexpected exception INTERNAL_SERVER_ERROR (logged), `Unimplemented` gRPC UNIMPLEMENTED."""
+
+    def wrap(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        method = fn.__name__
+
+        @functools.wraps(fn)
+        async def call(self: MessagingServicer, request: Any, context: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                out = await fn(self, request, context)
+            except BrokerError as exc:
+                out = response(status=error_status(exc))
+            except DLedgerException as exc:
+                out = response(status=error_status(from_dledger(exc)))
+            except Unimplemented as exc:
+                self._count(method, "UNIMPLEMENTED", t0)
+                await context.abort(grpc.StatusCode.UNIMPLEMENTED, str(exc))
+            except grpc.aio.AbortError:
+                raise
+            except Exception:
+                log.exception("event=grpc_unhandled method=%s", method)
+                out = response(
+                    status=status(Code.INTERNAL_SERVER_ERROR, "internal error; see the broker log")
+                )
+            self._count(method, Code.Name(out.status.code), t0)
+            return out
+
+        return call
+
+    return wrap
+
+
+class GrpcMetrics:
+    """Per-RPC request counts by status code and latency, beside the broker's other metrics."""
+
+    def __init__(self, registry: Any) -> None:
+        self.requests = Counter(
+            "ledgermq_grpc_requests",
+            "gRPC requests by method and rocketmq-apis status code",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "ledgermq_grpc_latency_seconds", "gRPC request latency", ["method"], registry=registry
+        )
+
+
+class MessagingServicer(spb_grpc.MessagingServiceServicer):
+    """The RPCs of one broker. Built by `GrpcEndpoint`."""
+
+    def __init__(
+        self,
+        services: Any,
+        routes: RouteResolver,
+        renewer: InvisibilityRenewer,
+        forwarder: Forwarder,
+        metrics: GrpcMetrics,
+    ) -> None:
+        self.services = services  # broker.service.BrokerServices
+        self.config = services.state.config
+        self.routes = routes
+        self.renewer = renewer
+        self.forwarder = forwarder
+        self.metrics = metrics
+        self.acks = AckBatcher(services.pop, renewer.current)
+
+    def _count(self, method: str, code: str, t0: float) -> None:
+        self.metrics.requests.labels(method=method, code=code).inc()
+        self.metrics.latency.labels(method=method).observe(time.perf_counter() - t0)
+
+    def _caller(self, context: Any) -> tuple[dict[str, str], Any]:
+        meta = auth.metadata(context)
+        account = auth.authenticate(self.services.acl, meta)
+        self.renewer.seen(meta.get(auth.CLIENT_ID, ""))
+        return meta, account
+
+    @staticmethod
+    def _client_id(meta: dict[str, str]) -> str:
+        cid = meta.get(auth.CLIENT_ID, "")
+        if not cid:
+            raise BrokerError(BrokerCode.INVALID_REQUEST, f"{auth.CLIENT_ID} is required", field="clientId")
+        return cid
+
+    # -- route ---------------------------------------------------------------------------------
+    @_activity(spb.QueryRouteResponse)
+    async def QueryRoute(self, request: Any, context: Any) -> Any:
+        self._caller(context)
+        validate_topic(request.topic.name)
+        routes = await self.routes.resolve(request.topic.name)
+        return spb.QueryRouteResponse(status=OK, message_queues=message_queues(request.topic, routes))
+
+    @_activity(spb.QueryAssignmentResponse)
+    async def QueryAssignment(self, request: Any, context: Any) -> Any:
+        self._caller(context)
+        validate_topic(request.topic.name)
+        routes = await self.routes.resolve(request.topic.name)
+        return spb.QueryAssignmentResponse(status=OK, assignments=assignments(request.topic, routes))
+
+    # -- clients -------------------------------------------------------------------------------
+    @_activity(spb.HeartbeatResponse)
+    async def Heartbeat(self, request: Any, context: Any) -> Any:
+        meta, _ = self._caller(context)
+        self._client_id(meta)
+        if request.client_type not in pb.ClientType.values():
+            return spb.HeartbeatResponse(
+                status=status(Code.UNRECOGNIZED_CLIENT_TYPE, f"unknown client type {request.client_type}")
+            )
+        return spb.HeartbeatResponse(status=OK)
+
+    @_activity(spb.NotifyClientTerminationResponse)
+    async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
+        meta, _ = self._caller(context)
+        self.renewer.forget_client(self._client_id(meta))
+        return spb.NotifyClientTerminationResponse(status=OK)
+
+    async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        """Answer every Settings the client sends with complete settings; keep the stream open
+        (server-to-client commands travel on it) until the client closes it."""
+        try:
+            meta, _ = self._caller(context)
+            self._client_id(meta)
+        except BrokerError as exc:
+            self._count("Telemetry", Code.Name(error_status(exc).code), time.perf_counter())
+            yield spb.TelemetryCommand(status=error_status(exc))
+            return
+        async for cmd in request_iterator:
+            if cmd.WhichOneof("command") != "settings":
+                continue  # results of server commands: none are sent yet
+            t0 = time.perf_counter()
+            try:
+                reply = settings_reply(
+                    cmd.settings,
+                    max_message_size=self.config.max_message_size,
+                    max_reconsume_times=self.config.max_reconsume_times,
+                )
+            except BrokerError as exc:
+                self._count("Telemetry", Code.Name(error_status(exc).code), t0)
+                yield spb.TelemetryCommand(status=error_status(exc))
+                continue
+            self._count("Telemetry", "OK", t0)
+            yield spb.TelemetryCommand(status=OK, settings=reply)
+
+    # -- produce -------------------------------------------------------------------------------
+    @_activity(spb.SendMessageResponse)
+    async def SendMessage(self, request: Any, context: Any) -> Any:
+        meta, account = self._caller(context)
+        if self.forwarder.must_forward(meta):
+            return await self.forwarder.unary("SendMessage", request, context)
+        if not request.messages:
+            raise invalid("messages", "at least one message is required")
+        topic = request.messages[0].topic.name
+        produce = self.services.produce
+        peer = context.peer()
+        msgs = []
+        for i, m in enumerate(request.messages):
+            where = f"messages[{i}]"
+            if m.topic.name != topic:
+                raise invalid(f"{where}.topic", "the messages of one request go to one topic")
+            _check_normal(m, where)
+            msgs.append(to_message(m, where, produce.max_message_size, peer))
+        results = await produce.produce(account, topic, msgs, [None] * len(msgs))
+        entries = []
+        for m, r in zip(msgs, results, strict=True):
+            mid = m.idempotency_key or r.msg_id
+            entries.append(
+                spb.SendResultEntry(status=OK, message_id=mid, transaction_id=mid, offset=r.queue_offset)
+            )
+        return spb.SendMessageResponse(status=OK, entries=entries)
+
+    # -- consume -------------------------------------------------------------------------------
+    async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        """Pop from the broker set: a status first (MESSAGE_NOT_FOUND when nothing came within
+        the long poll), then the messages, then the delivery timestamp."""
+        t0 = time.perf_counter()
+        try:
+            meta, account = self._caller(context)
+            if self.forwarder.must_forward(meta):
+                async for item in self.forwarder.stream("ReceiveMessage", request, context):
+                    yield item
+                self._count("ReceiveMessage", "FORWARDED", t0)
+                return
+            group = request.group.name
+            topic = request.message_queue.topic.name
+            _check_filter(request.filter_expression)
+            if request.auto_renew:
+                invisible_ms = AUTO_RENEW_INVISIBLE_MS
+            elif request.HasField("invisible_duration"):
+                invisible_ms = duration_ms(request.invisible_duration)
+            else:
+                raise invalid("invisibleMs", "invisible_duration is required unless auto_renew is set")
+            wait_ms = _poll_ms(request, context)
+            received = await self.services.pop.receive(
+                account, group, topic, request.batch_size, invisible_ms, wait_ms
+            )
+        except BrokerError as exc:
+            self._count("ReceiveMessage", Code.Name(error_status(exc).code), t0)
+            yield spb.ReceiveMessageResponse(status=error_status(exc))
+            return
+        except DLedgerException as exc:
+            yield spb.ReceiveMessageResponse(status=error_status(from_dledger(exc)))
+            return
+        except Unimplemented as exc:
+            self._count("ReceiveMessage", "UNIMPLEMENTED", t0)
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, str(exc))
+            return
+        if not received:
+            self._count("ReceiveMessage", "MESSAGE_NOT_FOUND", t0)
+            yield spb.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
+            yield spb.ReceiveMessageResponse(delivery_timestamp=timestamp(int(time.time() * 1000)))
+            return
+        self._count("ReceiveMessage", "OK", t0)
+        namespace = request.group.resource_namespace
+        client_id = meta.get(auth.CLIENT_ID, "")
+        yield spb.ReceiveMessageResponse(status=OK)
+        for r in received:
+            if request.auto_renew:
+                self.renewer.track(group, topic, r.receipt_handle, client_id, account)
+            yield spb.ReceiveMessageResponse(
+                message=from_message(
+                    r.message,
+                    namespace=namespace,
+                    receipt_handle=r.receipt_handle,
+                    delivery_attempt=r.reconsume_times + 1,
+                    invisible_ms=invisible_ms,
+                )
+            )
+        yield spb.ReceiveMessageResponse(delivery_timestamp=timestamp(int(time.time() * 1000)))
+
+    @_activity(spb.AckMessageResponse)
+    async def AckMessage(self, request: Any, context: Any) -> Any:
+        meta, account = self._caller(context)
+        if self.forwarder.must_forward(meta):
+            return await self.forwarder.unary("AckMessage", request, context)
+        group, topic = request.group.name, request.topic.name
+        if not request.entries:
+            raise invalid("receiptHandles", "at least one entry is required")
+        handles = [e.receipt_handle for e in request.entries]
+        results = await self.acks.ack(account, group, topic, handles)
+        entries = []
+        for e, r in zip(request.entries, results, strict=True):
+            if r.status == AckStatus.OK:
+                self.renewer.settled(group, topic, e.receipt_handle)
+                st = OK
+            else:
+                st = status(Code.INVALID_RECEIPT_HANDLE, "receipt handle is expired (redelivered or settled)")
+            entries.append(pb_ack_entry(e, st))
+        codes = {e.status.code for e in entries}
+        top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "multiple results")
+        return spb.AckMessageResponse(status=top, entries=entries)
+
+    @_activity(spb.ChangeInvisibleDurationResponse)
+    async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
+        meta, account = self._caller(context)
+        if self.forwarder.must_forward(meta):
+            return await self.forwarder.unary("ChangeInvisibleDuration", request, context)
+        group, topic = request.group.name, request.topic.name
+        handle = self.renewer.current(group, topic, request.receipt_handle)
+        new = await self.services.pop.change_invisible(
+            account, group, topic, handle, duration_ms(request.invisible_duration)
+        )
+        # The client now steers this message's invisibility itself (a push consumer's nack).
+        self.renewer.settled(group, topic, request.receipt_handle)
+        return spb.ChangeInvisibleDurationResponse(status=OK, receipt_handle=new)
+
+    # -- not served (yet) ----------------------------------------------------------------------
+    async def _unimplemented(self, context: Any, method: str, what: str) -> None:
+        self._count(method, "UNIMPLEMENTED", time.perf_counter())
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"LedgerMQ does not serve {method} yet: {what}")
+
+    @_activity(spb.ForwardMessageToDeadLetterQueueResponse)
+    async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
+        """A consumer gave up on a message (FIFO push consumers, past their attempts): to the
+        group's DLQ now."""
+        meta, account = self._caller(context)
+        if self.forwarder.must_forward(meta):
+            return await self.forwarder.unary("ForwardMessageToDeadLetterQueue", request, context)
+        group, topic = request.group.name, request.topic.name
+        handle = self.renewer.current(group, topic, request.receipt_handle)
+        await self.services.pop.dead_letter(account, group, topic, handle)
+        self.renewer.settled(group, topic, request.receipt_handle)
+        return spb.ForwardMessageToDeadLetterQueueResponse(status=OK)
+
+    async def EndTransaction(self, request: Any, context: Any) -> Any:
+        await self._unimplemented(context, "EndTransaction", MESSAGE_MODEL)
+
+    async def RecallMessage(self, request: Any, context: Any) -> Any:
+        await self._unimplemented(context, "RecallMessage", "delay messages, " + MESSAGE_MODEL)
+
+    async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
+        await self._unimplemented(context, "SyncLiteSubscription", "lite topics are not supported")
+
+    async def PullMessage(self, request: Any, context: Any) -> Any:
+        await self._unimplemented(context, "PullMessage", "pull by offset is served over HTTP")
+
+    async def UpdateOffset(self, request: Any, context: Any) -> Any:
+        await self._unimplemented(context, "UpdateOffset", "offsets are served over HTTP")
+
+    async def GetOffset(self, request: Any, context: Any) -> Any:
+        await self._unimplemented(context, "GetOffset", "offsets are served over HTTP")
+
+    async def QueryOffset(self, request: Any, context: Any) -> Any:
+        await self._unimplemented(context, "QueryOffset", "offsets are served over HTTP")
+
+
+def pb_ack_entry(entry: Any, st: Any) -> Any:
+    return spb.AckMessageResultEntry(
+        message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=st
+    )
+
+
+def _check_normal(m: Any, where: str) -> None:
+    """Only NORMAL messages until the message model lands."""
+    sp = m.system_properties
+    if sp.message_type not in pb.MessageType.values():
+        raise invalid(f"{where}.messageType", f"unknown message type {sp.message_type}")
+    if sp.message_type not in (pb.NORMAL, pb.MESSAGE_TYPE_UNSPECIFIED):
+        raise Unimplemented(f"{where}: {pb.MessageType.Name(sp.message_type)} messages need {MESSAGE_MODEL}")
+    if sp.HasField("message_group") or sp.HasField("delivery_timestamp"):
+        raise Unimplemented(f"{where}: message groups and delivery times need {MESSAGE_MODEL}")
+
+
+def _check_filter(expr: Any) -> None:
+    if expr.type == pb.SQL:
+        raise Unimplemented("SQL92 filters need the message model's filters (issue #15)")
+    if expr.expression.strip() not in ("", "*"):
+        raise Unimplemented("tag filters need the message model's filters (issue #15)")
+
+
+def _poll_ms(request: Any, context: Any) -> int:
+    """The long poll: the client's `long_polling_timeout`, ended before its deadline."""
+    wait_ms = duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else 0
+    remaining = context.time_remaining()
+    if remaining is not None:
+        wait_ms = min(wait_ms, int(remaining * 1000) - POLL_DEADLINE_MARGIN_MS)
+    return max(0, wait_ms)

@@ -1,0 +1,69 @@
+"""The Telemetry settings handshake, and what a client's Settings say about it.
+
+Every RocketMQ 5 client opens a Telemetry stream to each broker endpoint of its route, sends its
+`Settings` and (Python 5.1.1, Node.js, every push consumer) waits for the server's before it
+starts. `settings_reply` answers with COMPLETE settings: the client's own merged with the
+server's values, as RocketMQ's proxy does (`GrpcClientSettingsManager`) — a reply without
+`publishing.max_body_size` makes the Python producer refuse every later send, Node.js insists on
+an exponential producer backoff, a push consumer polls with `subscription.long_polling_timeout`.
+"""
+
+from __future__ import annotations
+
+from broker.errors import invalid
+from broker.grpc.convert import duration
+from broker.grpc.protocol import pb
+
+PRODUCER_MAX_ATTEMPTS = 3
+PRODUCER_BACKOFF_INITIAL_MS = 10
+PRODUCER_BACKOFF_MAX_MS = 1_000
+CONSUMER_BACKOFF_INITIAL_MS = 1_000
+CONSUMER_BACKOFF_MAX_MS = 60_000
+BACKOFF_MULTIPLIER = 2.0
+RECEIVE_BATCH_SIZE = 32
+DEFAULT_LONG_POLLING_MS = 20_000
+
+_CONSUMERS = (pb.PUSH_CONSUMER, pb.SIMPLE_CONSUMER, pb.PULL_CONSUMER)
+
+
+def _backoff(max_attempts: int, initial_ms: int, max_ms: int) -> pb.RetryPolicy:
+    return pb.RetryPolicy(
+        max_attempts=max_attempts,
+        exponential_backoff=pb.ExponentialBackoff(
+            initial=duration(initial_ms), max=duration(max_ms), multiplier=BACKOFF_MULTIPLIER
+        ),
+    )
+
+
+def settings_reply(client: pb.Settings, *, max_message_size: int, max_reconsume_times: int) -> pb.Settings:
+    """The server's answer to a client's Settings: the client's own, completed with the server's
+    values. INVALID_REQUEST for a Settings that names no known client type or lacks its part."""
+    if client.client_type == pb.PRODUCER:
+        if not client.HasField("publishing"):
+            raise invalid("settings.publishing", "a producer's settings carry `publishing`")
+    elif client.client_type in _CONSUMERS:
+        if not client.HasField("subscription") or not client.subscription.group.name:
+            raise invalid("settings.subscription.group", "a consumer's settings name its group")
+    else:
+        raise invalid("settings.clientType", f"unsupported client type {client.client_type}")
+    out = pb.Settings()
+    out.CopyFrom(client)
+    out.metric.CopyFrom(pb.Metric(on=False))
+    if client.client_type == pb.PRODUCER:
+        out.backoff_policy.CopyFrom(
+            _backoff(PRODUCER_MAX_ATTEMPTS, PRODUCER_BACKOFF_INITIAL_MS, PRODUCER_BACKOFF_MAX_MS)
+        )
+        out.publishing.max_body_size = max_message_size
+        out.publishing.validate_message_type = True
+    else:
+        sub = out.subscription
+        sub.receive_batch_size = RECEIVE_BATCH_SIZE
+        if not sub.HasField("long_polling_timeout") or (
+            sub.long_polling_timeout.seconds <= 0 and sub.long_polling_timeout.nanos <= 0
+        ):
+            sub.long_polling_timeout.CopyFrom(duration(DEFAULT_LONG_POLLING_MS))
+        sub.fifo = False
+        out.backoff_policy.CopyFrom(
+            _backoff(max_reconsume_times + 1, CONSUMER_BACKOFF_INITIAL_MS, CONSUMER_BACKOFF_MAX_MS)
+        )
+    return out

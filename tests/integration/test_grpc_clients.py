@@ -1,0 +1,324 @@
+"""The official RocketMQ 5 clients against LedgerMQ's gRPC endpoint, unchanged, on a real name
+server + 3-member DLedger set (one set for the whole module): Python 5.1.2 (this venv), Python
+5.1.1 (its own cached venv: its startup waits for the server's Settings) and Node.js 1.0.8."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import httpx
+import pytest
+from rocketmq import (
+    ClientConfiguration,
+    ConsumeResult,
+    Credentials,
+    FilterExpression,
+    Message,
+    MessageListener,
+    Producer,
+    PushConsumer,
+    SimpleConsumer,
+)
+
+from broker.grpc.convert import duration
+from broker.grpc.protocol import Code, pb, spb, spb_grpc
+from tests.integration._grpc_harness import (
+    NODE_DIR,
+    SCRIPTS,
+    GrpcSet,
+    grpc_set,
+    node_client,
+    python_client,
+    run_client,
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> GrpcSet:
+    with grpc_set(tmp_path_factory.mktemp("grpc-clients")) as s:
+        yield s
+
+
+def config(cluster: GrpcSet) -> ClientConfiguration:
+    return ClientConfiguration(cluster.access_points, Credentials(), request_timeout=5)
+
+
+def message(
+    topic: str, body: bytes, tag: str | None = None, keys: str | None = None, **props: str
+) -> Message:
+    m = Message()
+    m.topic = topic
+    m.body = body
+    if tag is not None:
+        m.tag = tag
+    if keys is not None:
+        m.keys = keys
+    for k, v in props.items():
+        m.add_property(k, v)
+    return m
+
+
+def receive_all(consumer: SimpleConsumer, n: int, invisible_s: int = 30, timeout_s: float = 60) -> list:
+    out: dict[str, object] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(out) < n and time.monotonic() < deadline:
+        for m in consumer.receive(32, invisible_s):
+            out[m.message_id] = m
+    return list(out.values())
+
+
+def test_producer_500_then_simple_consumer_acks_all(cluster: GrpcSet) -> None:
+    """500 sends with tags, keys and user properties; a simple consumer receives them all with
+    the same ids, tags, keys, properties and bodies, acks them, and then finds nothing."""
+    topic = "grpc-500"
+    cluster.create_topic(topic)
+    producer = Producer(config(cluster), (topic,))
+    producer.startup()
+    sent = {}
+    try:
+        for i in range(500):
+            receipt = producer.send(message(topic, f"m-{i}".encode(), "TagA", f"k{i}", seq=str(i)))
+            sent[receipt.message_id] = i
+    finally:
+        producer.shutdown()
+    assert len(sent) == 500
+    consumer = SimpleConsumer(config(cluster), "g-500", {topic: FilterExpression("*")}, await_duration=5)
+    consumer.startup()
+    try:
+        got = receive_all(consumer, 500)
+        assert {m.message_id for m in got} == set(sent)
+        for m in got:
+            i = sent[m.message_id]
+            assert (m.body, m.tag, m.keys, m.properties) == (
+                f"m-{i}".encode(),
+                "TagA",
+                {f"k{i}"},
+                {"seq": str(i)},
+            )
+            assert m.delivery_attempt == 1 and m.topic == topic and m.born_host
+        for m in got:
+            consumer.ack(m)
+        assert consumer.receive(32, 30) == []
+    finally:
+        consumer.shutdown()
+
+
+def test_invisibility_new_handle_acks_and_unacked_comes_back(cluster: GrpcSet) -> None:
+    """change_invisible_duration gives a new handle that acks; a message never acked comes back
+    after its invisible time with delivery attempt 2."""
+    topic = "grpc-invisible"
+    cluster.create_topic(topic, queues=1)
+    producer = Producer(config(cluster), (topic,))
+    producer.startup()
+    try:
+        ids = [producer.send(message(topic, f"x{i}".encode())).message_id for i in range(2)]
+    finally:
+        producer.shutdown()
+    consumer = SimpleConsumer(config(cluster), "g-inv", {topic: FilterExpression()}, await_duration=3)
+    consumer.startup()
+    try:
+        first = {m.message_id: m for m in receive_all(consumer, 2, invisible_s=2)}
+        assert set(first) == set(ids)
+        keep, drop = first[ids[0]], first[ids[1]]
+        old_handle = keep.receipt_handle
+        consumer.change_invisible_duration(keep, 30)
+        assert keep.receipt_handle != old_handle
+        consumer.ack(keep)
+        again = receive_all(consumer, 1, invisible_s=30, timeout_s=20)
+        assert [(m.message_id, m.delivery_attempt) for m in again] == [(drop.message_id, 2)]
+        consumer.ack(again[0])
+        assert consumer.receive(32, 30) == []
+    finally:
+        consumer.shutdown()
+
+
+def test_push_consumer_consumes_200_once(cluster: GrpcSet) -> None:
+    """A push consumer (Settings handshake, QueryAssignment, auto-renewed invisibility) consumes
+    200 messages, each once."""
+    topic = "grpc-push"
+    cluster.create_topic(topic)
+    producer = Producer(config(cluster), (topic,))
+    producer.startup()
+    try:
+        ids = {producer.send(message(topic, f"p{i}".encode())).message_id for i in range(200)}
+    finally:
+        producer.shutdown()
+    seen: list[str] = []
+
+    class Listener(MessageListener):
+        def consume(self, msg) -> ConsumeResult:
+            seen.append(msg.message_id)
+            return ConsumeResult.SUCCESS
+
+    consumer = PushConsumer(config(cluster), "g-push", Listener(), {topic: FilterExpression()})
+    consumer.startup()
+    try:
+        deadline = time.monotonic() + 60
+        while len(set(seen)) < 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2)  # anything delivered twice would show up by now
+    finally:
+        consumer.shutdown()
+    assert set(seen) == ids
+    assert len(seen) == 200
+
+
+def test_python_511_round_trip(cluster: GrpcSet) -> None:
+    """Python client 5.1.1, whose startup blocks until the server answers its Settings."""
+    topic = "grpc-py511"
+    cluster.create_topic(topic)
+    py = python_client("5.1.1")
+    out = run_client([str(py), str(SCRIPTS / "py_roundtrip.py"), cluster.access_points, topic, "g-511", "50"])
+    assert len(out["sent"]) == 50
+    assert set(out["received"]) == set(out["sent"])
+    for mid, i in out["sent"].items():
+        got = out["received"][mid]
+        assert got == {
+            "body": f"py-{i}",
+            "tag": "roundtrip",
+            "keys": [f"key-{i}"],
+            "seq": str(i),
+            "attempt": 1,
+        }
+
+
+def test_node_round_trip_100(cluster: GrpcSet) -> None:
+    node, why = node_client()
+    if node is None:
+        pytest.skip(why)
+    topic = "grpc-node"
+    cluster.create_topic(topic)
+    # Node takes one access point (its gRPC target cannot list several): a slave's, which routes
+    # the client to the master.
+    slave = next(sid for sid in cluster.grpc if sid != cluster.master())
+    out = run_client([node, str(NODE_DIR / "roundtrip.js"), cluster.grpc[slave], topic, "g-node", "100"])
+    assert len(out["sent"]) == 100
+    assert set(out["received"]) == set(out["sent"])
+    for mid, i in out["sent"].items():
+        got = out["received"][mid]
+        assert got == {
+            "body": f"node-{i}",
+            "tag": "node",
+            "keys": [f"node-key-{i}"],
+            "seq": str(i),
+            "attempt": 1,
+        }
+
+
+def test_messages_cross_protocols(cluster: GrpcSet) -> None:
+    """Sent over gRPC, read by HTTP pull; sent over HTTP, received over gRPC."""
+    topic = "grpc-cross"
+    cluster.create_topic(topic, queues=1)
+    master = cluster.http[cluster.master()]
+    producer = Producer(config(cluster), (topic,))
+    producer.startup()
+    try:
+        mid = producer.send(message(topic, b"from-grpc", "T1", "k1", a="1")).message_id
+    finally:
+        producer.shutdown()
+    pulled = httpx.get(f"http://{master}/topics/{topic}/queues/0/messages?offset=0", timeout=10).json()
+    [m] = pulled["messages"]
+    assert (m["body"], m["tags"], m["keys"], m["properties"]) == ("from-grpc", "T1", ["k1"], {"a": "1"})
+    r = httpx.post(
+        f"http://{master}/topics/{topic}/messages",
+        json={"messages": [{"body": "from-http", "tags": "T2", "keys": ["k2"], "properties": {"b": "2"}}]},
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    consumer = SimpleConsumer(config(cluster), "g-cross", {topic: FilterExpression()}, await_duration=3)
+    consumer.startup()
+    try:
+        got = {m.body: m for m in receive_all(consumer, 2)}
+        assert set(got) == {b"from-grpc", b"from-http"}
+        assert got[b"from-grpc"].message_id == mid
+        h = got[b"from-http"]
+        assert (h.tag, h.keys, h.properties) == ("T2", {"k2"}, {"b": "2"})
+        for m in got.values():
+            consumer.ack(m)
+    finally:
+        consumer.shutdown()
+
+
+def test_forward_to_dead_letter_queue(cluster: GrpcSet) -> None:
+    """ForwardMessageToDeadLetterQueue (a FIFO push consumer giving up on a message) puts the
+    received message into %DLQ%{group} and settles it."""
+    topic = "grpc-dlq"
+    cluster.create_topic(topic, queues=1)
+    producer = Producer(config(cluster), (topic,))
+    producer.startup()
+    try:
+        mid = producer.send(message(topic, b"doomed")).message_id
+    finally:
+        producer.shutdown()
+    consumer = SimpleConsumer(config(cluster), "g-dlq", {topic: FilterExpression()}, await_duration=3)
+    consumer.startup()
+    try:
+        [m] = receive_all(consumer, 1)
+        with grpc.insecure_channel(cluster.grpc[cluster.master()]) as channel:
+            reply = spb_grpc.MessagingServiceStub(channel).ForwardMessageToDeadLetterQueue(
+                spb.ForwardMessageToDeadLetterQueueRequest(
+                    group=pb.Resource(name="g-dlq"),
+                    topic=pb.Resource(name=topic),
+                    receipt_handle=m.receipt_handle,
+                    message_id=mid,
+                    delivery_attempt=1,
+                    max_delivery_attempts=1,
+                ),
+                metadata=(("x-mq-client-id", "dlq-test"),),
+                timeout=10,
+            )
+        assert reply.status.code == Code.OK, reply.status
+        assert consumer.receive(32, 30) == []  # settled: not delivered again
+    finally:
+        consumer.shutdown()
+    master = cluster.http[cluster.master()]
+    dead = httpx.get(f"http://{master}/topics/%25DLQ%25g-dlq/queues/0/messages?offset=0", timeout=10).json()
+    assert [d["body"] for d in dead["messages"]] == ["doomed"]
+
+
+def test_a_slave_forwards_master_calls(cluster: GrpcSet) -> None:
+    """A client whose route still names an old master (now a slave) keeps working: the slave
+    passes sends, receives and acks to its master."""
+    topic = "grpc-forward"
+    cluster.create_topic(topic, queues=1)
+    slave = next(sid for sid in cluster.grpc if sid != cluster.master())
+    meta = (("x-mq-client-id", "forward-test"),)
+    msg = pb.Message(
+        topic=pb.Resource(name=topic),
+        system_properties=pb.SystemProperties(message_id="0102FC000000016BC50B17DF61000000AA"),
+        body=b"via-slave",
+    )
+    with grpc.insecure_channel(cluster.grpc[slave]) as channel:
+        stub = spb_grpc.MessagingServiceStub(channel)
+        sent = stub.SendMessage(spb.SendMessageRequest(messages=[msg]), metadata=meta, timeout=10)
+        assert sent.status.code == Code.OK, sent.status
+        req = spb.ReceiveMessageRequest(
+            group=pb.Resource(name="g-forward"),
+            message_queue=pb.MessageQueue(topic=pb.Resource(name=topic)),
+            filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+            batch_size=4,
+            invisible_duration=duration(30_000),
+            long_polling_timeout=duration(2_000),
+        )
+        replies = list(stub.ReceiveMessage(req, metadata=meta, timeout=10))
+        [m] = [r.message for r in replies if r.WhichOneof("content") == "message"]
+        assert (m.body, m.system_properties.message_id) == (
+            b"via-slave",
+            "0102FC000000016BC50B17DF61000000AA",
+        )
+        ack = stub.AckMessage(
+            spb.AckMessageRequest(
+                group=pb.Resource(name="g-forward"),
+                topic=pb.Resource(name=topic),
+                entries=[
+                    spb.AckMessageEntry(
+                        message_id=m.system_properties.message_id,
+                        receipt_handle=m.system_properties.receipt_handle,
+                    )
+                ],
+            ),
+            metadata=meta,
+            timeout=10,
+        )
+        assert ack.status.code == Code.OK, ack.status

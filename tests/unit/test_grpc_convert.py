@@ -1,0 +1,126 @@
+"""Protobuf ⇄ broker messages and routes of the gRPC endpoint (no server needed)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+
+import pytest
+
+from broker.errors import BrokerCode, BrokerError
+from broker.grpc.convert import from_message, timestamp, to_message
+from broker.grpc.protocol import pb
+from broker.grpc.route import BrokerRoute, assignments, endpoints, message_queues
+from broker.message import PROPERTY_UNIQ_KEY, MessageExt
+
+MID = "0102FC000000016BC50B17DF6100000004"
+
+
+def sent(body: bytes = b"hi", **sp) -> pb.Message:
+    props = {"message_id": MID, "born_host": "10.1.2.3", "born_timestamp": timestamp(1_700_000_000_123)}
+    props.update(sp)
+    return pb.Message(
+        topic=pb.Resource(name="t"),
+        user_properties={"a": "1"},
+        system_properties=pb.SystemProperties(**props),
+        body=body,
+    )
+
+
+def test_sent_message_keeps_id_tags_keys_properties_born() -> None:
+    m = to_message(sent(tag="TagA", keys=["k1", "k2"]), "messages[0]", 1024, "ipv4:127.0.0.1:5555")
+    assert (m.topic, m.body, m.tags, m.keys) == ("t", b"hi", "TagA", ["k1", "k2"])
+    assert m.properties == {"a": "1", PROPERTY_UNIQ_KEY: MID}
+    assert m.idempotency_key == MID  # a retried send is answered with the first result
+    assert (m.born_timestamp, m.born_host) == (1_700_000_000_123, "10.1.2.3:0")
+
+
+def test_born_host_that_is_no_ipv4_literal_is_the_connections() -> None:
+    m = to_message(sent(born_host="my-laptop"), "messages[0]", 1024, "ipv4:192.168.7.9:40000")
+    assert m.born_host == "192.168.7.9:0"
+
+
+def test_gzip_body_is_inflated_within_the_limit() -> None:
+    m = to_message(sent(gzip.compress(b"x" * 1000), body_encoding=pb.GZIP), "messages[0]", 1000, "")
+    assert m.body == b"x" * 1000
+    with pytest.raises(BrokerError) as err:
+        to_message(sent(gzip.compress(b"x" * 1001), body_encoding=pb.GZIP), "messages[0]", 1000, "")
+    assert err.value.code == BrokerCode.MESSAGE_TOO_LARGE
+    with pytest.raises(BrokerError) as err:
+        to_message(sent(b"not gzip", body_encoding=pb.GZIP), "messages[0]", 1000, "")
+    assert err.value.code == BrokerCode.INVALID_REQUEST
+
+
+@pytest.mark.parametrize(
+    ("msg", "code"),
+    [
+        (sent(b"x" * 1025), BrokerCode.MESSAGE_TOO_LARGE),
+        (sent(message_id=""), BrokerCode.INVALID_REQUEST),
+        (sent(message_id="a\nb"), BrokerCode.INVALID_REQUEST),
+        (sent(message_id="x" * 129), BrokerCode.INVALID_REQUEST),
+        (sent(body_encoding=7), BrokerCode.INVALID_REQUEST),
+    ],
+)
+def test_bad_sent_messages(msg: pb.Message, code: BrokerCode) -> None:
+    with pytest.raises(BrokerError) as err:
+        to_message(msg, "messages[0]", 1024, "")
+    assert err.value.code == code
+
+
+def test_uniq_key_in_user_properties_is_refused() -> None:
+    msg = sent()
+    msg.user_properties[PROPERTY_UNIQ_KEY] = "other"
+    with pytest.raises(BrokerError):
+        to_message(msg, "messages[0]", 1024, "")
+
+
+def test_delivered_message_has_md5_digest_attempt_and_handle() -> None:
+    ext = MessageExt(
+        topic="t",
+        body=b"payload",
+        queue_id=2,
+        queue_offset=7,
+        commit_log_offset=99,
+        store_size=0,
+        born_timestamp=1_700_000_000_000,
+        born_host="10.1.2.3:0",
+        store_timestamp=1_700_000_000_500,
+        store_host="127.0.0.1:10911",
+        properties={"TAGS": "TagA", "KEYS": "k1 k2", PROPERTY_UNIQ_KEY: MID, "a": "1"},
+    )
+    m = from_message(ext, namespace="", receipt_handle="h1", delivery_attempt=2, invisible_ms=30_000)
+    sp = m.system_properties
+    assert (m.body, sp.message_id, sp.tag, list(sp.keys), dict(m.user_properties)) == (
+        b"payload",
+        MID,
+        "TagA",
+        ["k1", "k2"],
+        {"a": "1"},
+    )
+    assert sp.body_digest.type == pb.MD5
+    assert sp.body_digest.checksum == hashlib.md5(b"payload").hexdigest().upper()
+    assert (sp.receipt_handle, sp.delivery_attempt, sp.queue_id, sp.queue_offset) == ("h1", 2, 2, 7)
+    assert sp.born_host == "10.1.2.3" and sp.invisible_duration.seconds == 30
+    assert not sp.HasField("delivery_timestamp")  # set only for delay messages
+
+
+def test_route_one_address_per_broker_and_split_permissions() -> None:
+    routes = [
+        BrokerRoute("broker-a", "127.0.0.1:8081", 2, 3, 6),
+        BrokerRoute("broker-b", "mq-b:8081", 1, 1, 4),
+    ]
+    queues = message_queues(pb.Resource(name="t"), routes)
+    got = [(q.broker.name, q.id, pb.Permission.Name(q.permission)) for q in queues]
+    assert got == [
+        ("broker-a", 0, "READ_WRITE"),
+        ("broker-a", 1, "READ_WRITE"),
+        ("broker-a", 2, "WRITE"),
+        ("broker-b", 0, "READ"),
+    ]
+    assert all(len(q.broker.endpoints.addresses) == 1 and q.broker.id == 0 for q in queues)
+    assert list(queues[0].accept_message_types) == [pb.NORMAL]
+    assert endpoints("mq-b:8081").scheme == pb.DOMAIN_NAME and endpoints("127.0.0.1:1").scheme == pb.IPv4
+    assert [a.message_queue.broker.name for a in assignments(pb.Resource(name="t"), routes)] == [
+        "broker-a",
+        "broker-b",
+    ]

@@ -1,0 +1,62 @@
+"""The Telemetry settings reply: complete settings for every client type (the traps of the
+official clients: producer max_body_size, an exponential backoff, consumer long polling)."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.errors import BrokerError
+from broker.grpc.convert import duration
+from broker.grpc.protocol import pb
+from broker.grpc.settings import settings_reply
+
+
+def reply(settings: pb.Settings) -> pb.Settings:
+    return settings_reply(settings, max_message_size=4 * 1024 * 1024, max_reconsume_times=16)
+
+
+def test_producer_gets_max_body_size_and_exponential_backoff() -> None:
+    out = reply(
+        pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="t")]))
+    )
+    assert out.publishing.max_body_size == 4 * 1024 * 1024
+    assert out.publishing.validate_message_type
+    assert [t.name for t in out.publishing.topics] == ["t"]
+    assert out.backoff_policy.WhichOneof("strategy") == "exponential_backoff"
+    assert out.backoff_policy.max_attempts == 3 and out.backoff_policy.exponential_backoff.multiplier == 2
+    assert out.HasField("metric") and not out.metric.on
+
+
+@pytest.mark.parametrize("client_type", [pb.SIMPLE_CONSUMER, pb.PUSH_CONSUMER])
+def test_consumer_gets_polling_batch_fifo_and_backoff(client_type: int) -> None:
+    sub = pb.Subscription(group=pb.Resource(name="g"))
+    out = reply(pb.Settings(client_type=client_type, subscription=sub))
+    assert out.subscription.long_polling_timeout.seconds == 20
+    assert out.subscription.receive_batch_size == 32
+    assert out.subscription.HasField("fifo") and not out.subscription.fifo
+    assert out.backoff_policy.max_attempts == 17
+    assert out.backoff_policy.WhichOneof("strategy") == "exponential_backoff"
+
+
+def test_consumer_keeps_its_own_long_polling_timeout() -> None:
+    sub = pb.Subscription(group=pb.Resource(name="g"), long_polling_timeout=duration(5_000))
+    assert (
+        reply(
+            pb.Settings(client_type=pb.SIMPLE_CONSUMER, subscription=sub)
+        ).subscription.long_polling_timeout.seconds
+        == 5
+    )
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        pb.Settings(client_type=pb.PRODUCER),
+        pb.Settings(client_type=pb.SIMPLE_CONSUMER),
+        pb.Settings(client_type=pb.SIMPLE_CONSUMER, subscription=pb.Subscription()),
+        pb.Settings(),
+    ],
+)
+def test_incomplete_client_settings_are_refused(settings: pb.Settings) -> None:
+    with pytest.raises(BrokerError):
+        reply(settings)
