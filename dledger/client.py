@@ -19,6 +19,7 @@ import orjson
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.config import parse_peers
 from dledger.entry import DLedgerEntry
+from dledger.member_state import Role
 from dledger.rpc.protocol import (
     AppendEntryRequest,
     AppendEntryResponse,
@@ -139,7 +140,7 @@ class DLedgerClient:
                     md = await self._metadata_once(member)
                 except DLedgerException:
                     continue
-                if md["role"] == "LEADER":
+                if Role(md["role"]) is Role.LEADER:
                     self.leader_id = member
                     return member
             await asyncio.sleep(_RETRY_PAUSE_S)

@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from enum import Enum
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from enum import StrEnum
+from typing import NamedTuple, Protocol
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
+from dledger.config import DLedgerConfig
 from dledger.entry import DLedgerEntry
-from dledger.rpc.protocol import PushEntryRequest, PushEntryResponse, PushType
+from dledger.member_state import MemberState
+from dledger.rpc.protocol import PushEntryRequest, PushEntryResponse, PushType, RpcService
+from dledger.store.base import DLedgerStore
 from dledger.taskset import TaskSet
-
-if TYPE_CHECKING:
-    from dledger.pusher import DLedgerEntryPusher
 
 log = logging.getLogger("dledger.dispatcher")
 
@@ -35,15 +36,51 @@ _SMALL_BATCHES_IN_FLIGHT = 2
 _NETWORK_BACKOFF_S = 0.1
 
 
-class DispatchState(str, Enum):  # noqa: UP042
+class DispatchState(StrEnum):
     COMPARE = "COMPARE"
     APPEND = "APPEND"
+
+
+class BatchKey(NamedTuple):
+    """Which stored bytes a batch push carries."""
+
+    first_index: int
+    last_index: int
+    pos: int
+    size: int
+    term: int
+
+
+class RawBatch(NamedTuple):
+    """The stored bytes of the last batch pushed, shared by the dispatchers of followers that keep
+    pace (they are sent the same batches)."""
+
+    key: BatchKey
+    data: bytes
+
+
+class ReplicationLog(Protocol):
+    """What a dispatcher needs of the leader's replication state (`DLedgerEntryPusher`)."""
+
+    config: DLedgerConfig
+    ms: MemberState
+    store: DLedgerStore
+    rpc: RpcService
+    clock: Callable[[], float]
+    term: int  # the leader term the watermarks belong to (-1: not leading)
+    leader_end_pos: int  # data position after the leader's last entry
+    last_raw: RawBatch | None
+
+    def get_entry(self, index: int) -> DLedgerEntry: ...
+    def update_peer_water_mark(self, term: int, peer: str, index: int) -> None: ...
+    def notify_higher_term(self, term: int, source: str) -> None: ...
+    def notify_peer_ack(self, peer: str) -> None: ...
 
 
 class EntryDispatcher:
     """Pushes the leader's log to one follower (runs as one task; responses arrive as tasks)."""
 
-    def __init__(self, pusher: DLedgerEntryPusher, peer_id: str) -> None:
+    def __init__(self, pusher: ReplicationLog, peer_id: str) -> None:
         self.pusher = pusher
         self.ms = pusher.ms
         self.config = pusher.config
@@ -66,9 +103,7 @@ class EntryDispatcher:
         self._tasks = TaskSet()
         # Raw reads only where they are cheap (the mmap store; the memory store re-encodes).
         store = pusher.store
-        self.raw_reader = (
-            getattr(store, "get_data", None) if getattr(store, "zero_copy_reads", True) else None
-        )
+        self.raw_reader = store.get_data if store.zero_copy_reads else None
 
     def _request(self, ptype: PushType, entries: list[DLedgerEntry]) -> PushEntryRequest:
         ms = self.ms
@@ -143,8 +178,7 @@ class EntryDispatcher:
             await asyncio.sleep(_NETWORK_BACKOFF_S)
             return None
         if resp.term > self.term:
-            if self.pusher.elector is not None:
-                self.pusher.elector.on_higher_term(resp.term, f"push answer of {self.peer_id}")
+            self.pusher.notify_higher_term(resp.term, f"push answer of {self.peer_id}")
             return None
         return resp
 
@@ -307,10 +341,10 @@ class EntryDispatcher:
         first, last = req.entries[0], req.entries[-1]
         if last.pos + last.size - first.pos != size:
             return
-        key = (first.index, last.index, first.pos, size, self.term)
+        key = BatchKey(first.index, last.index, first.pos, size, self.term)
         shared = self.pusher.last_raw
-        if shared is not None and shared[0] == key:
-            req.raw = shared[1]
+        if shared is not None and shared.key == key:
+            req.raw = shared.data
             return
         try:
             view = self.raw_reader(first.pos, size)  # type: ignore[misc]
@@ -319,7 +353,7 @@ class EntryDispatcher:
         req.raw = bytes(view)
         if isinstance(view, memoryview):
             view.release()
-        self.pusher.last_raw = (key, req.raw)
+        self.pusher.last_raw = RawBatch(key, req.raw)
 
     def cancel_sends(self) -> None:
         """Shutdown: drop every push still waiting for its answer."""
@@ -346,15 +380,13 @@ class EntryDispatcher:
                 self.wake.set()
             return
         if resp.term > self.term:
-            if self.pusher.elector is not None:
-                self.pusher.elector.on_higher_term(resp.term, f"push answer of {self.peer_id}")
+            self.pusher.notify_higher_term(resp.term, f"push answer of {self.peer_id}")
             return
         if req.term != self.term:
             return
         code = resp.code
         if code == DLedgerResponseCode.SUCCESS:
-            if self.pusher.elector is not None:
-                self.pusher.elector.on_peer_ack(self.peer_id)
+            self.pusher.notify_peer_ack(self.peer_id)
             if req.type == PushType.APPEND:
                 if resp.index > self.match_index:
                     self.match_index = resp.index

@@ -42,7 +42,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.config import DLedgerConfig
@@ -58,12 +58,16 @@ from dledger.rpc.protocol import (
 )
 from dledger.taskset import TaskSet
 
-if TYPE_CHECKING:
-    from dledger.pusher import DLedgerEntryPusher
-
 log = logging.getLogger("dledger.elector")
 
 RoleChangeHandler = Callable[[int, Role], None]
+
+
+class ReplicationProgress(Protocol):
+    """What a leadership transfer needs to know of replication (`DLedgerEntryPusher`)."""
+
+    def peer_water_mark(self, peer: str) -> int: ...
+    async def wait_peer_caught_up(self, peer: str, index: int, timeout_s: float) -> None: ...
 
 _PREFERRED_CHECK_INTERVAL_S = 3.0
 _MIN_WAIT_S = 0.001
@@ -77,14 +81,14 @@ class DLedgerLeaderElector:
         config: DLedgerConfig,
         member_state: MemberState,
         rpc: RpcService,
-        pusher: DLedgerEntryPusher,
+        replication: ReplicationProgress,
         rng: random.Random,
         clock: Callable[[], float],
     ) -> None:
         self.config = config
         self.ms = member_state
         self.rpc = rpc
-        self.pusher = pusher
+        self.replication = replication
         self.rng = rng
         self.clock = clock
         self.hb_interval_s = config.heart_beat_time_interval_ms / 1000
@@ -103,11 +107,8 @@ class DLedgerLeaderElector:
         self._task: asyncio.Task[None] | None = None
         self._side_tasks = TaskSet()
         self._role_event = asyncio.Event()
-        self._campaign_held = False  # logged that a recovering member holds its campaign
+        self._campaign_held_logged = False  # logged that a recovering member holds its campaign
         self._verify_held = False  # logged that a member verifying its older files holds its campaign
-        listeners = getattr(member_state.store, "corrupt_cut_listeners", None)
-        if listeners is not None:
-            listeners.append(self._on_corrupt_cut)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -187,7 +188,7 @@ class DLedgerLeaderElector:
             )
             self._fire(self.ms.curr_term, Role.CANDIDATE)
 
-    def _on_corrupt_cut(self, reason: str) -> None:
+    def on_corrupt_cut(self, reason: str) -> None:
         """The store is about to cut a corrupt log (found while running): a leader steps down
         first, so it stops replicating and appending before its log end moves back."""
         if self.ms.is_leader():
@@ -303,7 +304,7 @@ class DLedgerLeaderElector:
             "event=vote_refused_recovering group=%s selfId=%s term=%d candidate=%s preVote=%s end=%d "
             "catchUpWatermark=%d",
             ms.group, ms.self_id, ms.curr_term, req.local_id, req.pre_vote, ms.ledger_end_index,
-            getattr(ms.store, "catchup_watermark", -1),
+            ms.store.catchup_watermark,
         )
         return VoteResult.REJECT_TERM_NOT_READY
 
@@ -435,19 +436,30 @@ class DLedgerLeaderElector:
         if now < self.next_time_to_request_vote and take < 0:
             await self._sleep(self.next_time_to_request_vote - now)
             return
+        if self._campaign_held(now):
+            return
+        ms.term_to_take_leadership = -1
+        start_term = ms.curr_term
+        if take < 0 and not await self._pre_vote(start_term):
+            return
+        await self._campaign(max(start_term + 1, take), take >= 0)
+
+    def _campaign_held(self, now: float) -> bool:
+        """A recovering member (lost acknowledged entries) or one still verifying its older data
+        files does not campaign (see the module docstring); each reason is logged once."""
+        ms = self.ms
         if ms.check_recovering():
             # Lost acknowledged entries: wait for a leader's pushes instead of asking for votes.
             ms.term_to_take_leadership = -1
-            if not self._campaign_held:
-                self._campaign_held = True
+            if not self._campaign_held_logged:
+                self._campaign_held_logged = True
                 log.warning(
                     "event=campaign_held_recovering group=%s selfId=%s term=%d end=%d catchUpWatermark=%d",
-                    ms.group, ms.self_id, ms.curr_term, ms.ledger_end_index,
-                    getattr(ms.store, "catchup_watermark", -1),
-                )
+                    ms.group, ms.self_id, ms.curr_term, ms.ledger_end_index, ms.store.catchup_watermark,
+                )  # fmt: skip
             self.next_time_to_request_vote = now + self._random_vote_interval()
-            return
-        self._campaign_held = False
+            return True
+        self._campaign_held_logged = False
         if ms.check_verifying():
             # Older data files not verified yet: a corrupt entry there must not lead (see module doc).
             ms.term_to_take_leadership = -1
@@ -456,30 +468,43 @@ class DLedgerLeaderElector:
                 log.info("event=campaign_held_verifying group=%s selfId=%s term=%d end=%d",
                          ms.group, ms.self_id, ms.curr_term, ms.ledger_end_index)
             self.next_time_to_request_vote = now + self._random_vote_interval()
-            return
+            return True
         self._verify_held = False
-        ms.term_to_take_leadership = -1
-        start_term = ms.curr_term
-        if take < 0:
-            accepts, max_term = await self._collect_votes(
-                lambda p: VoteRequest(
-                    group=ms.group,
-                    remote_id=p,
-                    local_id=ms.self_id,
-                    term=start_term + 1,
-                    ledger_end_index=ms.ledger_end_index,
-                    ledger_end_term=ms.ledger_end_term,
-                    pre_vote=True,
-                )
-            )
-            if max_term > ms.curr_term:
-                self.on_higher_term(max_term, "pre-vote answers")
-            if ms.role != Role.CANDIDATE or ms.curr_term != start_term:
-                return
-            if not ms.is_quorum(accepts):
-                self.next_time_to_request_vote = self.clock() + self._random_vote_interval()
-                return
-        new_term = max(start_term + 1, take)
+        return False
+
+    def _vote_request(self, peer: str, term: int, *, pre_vote: bool = False,
+                      take_leadership: bool = False) -> VoteRequest:
+        ms = self.ms
+        return VoteRequest(
+            group=ms.group,
+            remote_id=peer,
+            local_id=ms.self_id,
+            term=term,
+            ledger_end_index=ms.ledger_end_index,
+            ledger_end_term=ms.ledger_end_term,
+            pre_vote=pre_vote,
+            take_leadership=take_leadership,
+        )
+
+    async def _pre_vote(self, start_term: int) -> bool:
+        """Raft thesis §9.6: would a quorum vote for us in term `start_term + 1`? Nobody changes
+        term for it. False (and the next attempt scheduled) unless we may campaign now."""
+        ms = self.ms
+        accepts, max_term = await self._collect_votes(
+            lambda p: self._vote_request(p, start_term + 1, pre_vote=True)
+        )
+        if max_term > ms.curr_term:
+            self.on_higher_term(max_term, "pre-vote answers")
+        if ms.role != Role.CANDIDATE or ms.curr_term != start_term:
+            return False
+        if not ms.is_quorum(accepts):
+            self.next_time_to_request_vote = self.clock() + self._random_vote_interval()
+            return False
+        return True
+
+    async def _campaign(self, new_term: int, transfer: bool) -> None:
+        """Raise our term to `new_term`, vote for ourselves and ask every peer (Raft §5.2)."""
+        ms = self.ms
         ms.persist_term(new_term, ms.self_id)
         log.info(
             "campaign group=%s selfId=%s term=%d ledgerEnd=%d/%d transfer=%s",
@@ -488,18 +513,10 @@ class DLedgerLeaderElector:
             new_term,
             ms.ledger_end_index,
             ms.ledger_end_term,
-            take >= 0,
+            transfer,
         )
         accepts, max_term = await self._collect_votes(
-            lambda p: VoteRequest(
-                group=ms.group,
-                remote_id=p,
-                local_id=ms.self_id,
-                term=new_term,
-                ledger_end_index=ms.ledger_end_index,
-                ledger_end_term=ms.ledger_end_term,
-                take_leadership=take >= 0,
-            )
+            lambda p: self._vote_request(p, new_term, take_leadership=transfer)
         )
         if ms.role != Role.CANDIDATE or ms.curr_term != new_term:
             return
@@ -517,12 +534,9 @@ class DLedgerLeaderElector:
         preferred = self.config.preferred_leader_id_list
         if self.ms.self_id in preferred or self.ms.transferee is not None:
             return
-        end = self.ms.ledger_end_index
+        low = self.ms.ledger_end_index - self.config.max_leadership_transfer_wait_index
         for p in preferred:
-            if (
-                p in self.ms.peer_map
-                and self.pusher.peer_water_mark(p) >= end - self.config.max_leadership_transfer_wait_index
-            ):
+            if p in self.ms.peer_map and self.replication.peer_water_mark(p) >= low:
                 log.info(
                     "preferred leader %s caught up: transferring group=%s selfId=%s term=%d",
                     p,
@@ -561,10 +575,10 @@ class DLedgerLeaderElector:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout_s, 3 * self.election_timeout_s)
         try:
-            await self.pusher.wait_peer_caught_up(transferee, ms.ledger_end_index, timeout_s)
+            await self.replication.wait_peer_caught_up(transferee, ms.ledger_end_index, timeout_s)
             if not ms.is_leader() or ms.curr_term != term:
                 raise DLedgerException(DLedgerResponseCode.TERM_CHANGED, "leadership changed during transfer")
-            if self.pusher.peer_water_mark(transferee) < ms.ledger_end_index:
+            if self.replication.peer_water_mark(transferee) < ms.ledger_end_index:
                 raise DLedgerException(
                     DLedgerResponseCode.TAKE_LEADERSHIP_FAILED,
                     f"{transferee} did not catch up within {timeout_s}s",

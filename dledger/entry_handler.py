@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.config import DLedgerConfig
@@ -34,10 +34,18 @@ from dledger.member_state import MemberState
 from dledger.rpc.protocol import PushEntryRequest, PushEntryResponse, PushType
 from dledger.store.base import DLedgerStore
 
-if TYPE_CHECKING:
-    from dledger.elector import DLedgerLeaderElector
-
 log = logging.getLogger("dledger.entry_handler")
+
+AcceptLeader = Callable[[int, str], DLedgerResponseCode]
+"""accept(term, leader_id): may this leader push to us in this term (the elector decides)."""
+
+
+class _Parked(NamedTuple):
+    """An APPEND that arrived before the batch it follows."""
+
+    request: PushEntryRequest
+    future: asyncio.Future[PushEntryResponse]
+    timer: asyncio.TimerHandle
 
 
 class EntryHandler:
@@ -48,17 +56,15 @@ class EntryHandler:
         config: DLedgerConfig,
         member_state: MemberState,
         store: DLedgerStore,
-        elector: DLedgerLeaderElector,
+        accept_leader: AcceptLeader,
         commit_listener: Callable[[], None],
     ) -> None:
         self.config = config
         self.ms = member_state
         self.store = store
-        self.elector = elector
+        self.accept_leader = accept_leader
         self.commit_listener = commit_listener
-        self.waiting: dict[
-            int, tuple[PushEntryRequest, asyncio.Future[PushEntryResponse], asyncio.TimerHandle]
-        ] = {}
+        self.waiting: dict[int, _Parked] = {}
         self.gap_since: dict[int, float] = {}  # first index of a parked push -> first arrival
         self.wait_timeout_s = config.max_push_time_out_ms / 1000
         self.max_waiting = max(2 * config.max_pending_push_batches, 8)
@@ -81,7 +87,7 @@ class EntryHandler:
         )
 
     async def handle_push(self, req: PushEntryRequest) -> PushEntryResponse:
-        code = self.elector.accept_leader_message(req.term, req.leader_id)
+        code = self.accept_leader(req.term, req.leader_id)
         if code != DLedgerResponseCode.SUCCESS:
             return self._resp(req, code)
         ptype = req.type
@@ -136,18 +142,19 @@ class EntryHandler:
             return self._resp(req, DLedgerResponseCode.SUCCESS, e.index)
         return self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE)
 
-    def _clear_waiting(self, req: PushEntryRequest) -> None:
-        for _, (wreq, fut, handle) in list(self.waiting.items()):
-            handle.cancel()
-            if not fut.done():
-                fut.set_result(self._resp(wreq, DLedgerResponseCode.INCONSISTENT_STATE))
+    def _clear_waiting(self) -> None:
+        """Answer every parked push INCONSISTENT_STATE (they will never be applied)."""
+        for parked in list(self.waiting.values()):
+            parked.timer.cancel()
+            if not parked.future.done():
+                parked.future.set_result(self._resp(parked.request, DLedgerResponseCode.INCONSISTENT_STATE))
         self.waiting.clear()
         self.gap_since.clear()
 
     def _handle_truncate(self, req: PushEntryRequest) -> PushEntryResponse:
         e = req.entries[0]
         store = self.store
-        self._clear_waiting(req)
+        self._clear_waiting()
         if not self._holds(e.index, e.term, e.pos):
             if e.index <= store.committed_index:
                 log.error(
@@ -206,20 +213,20 @@ class EntryHandler:
         since = self.gap_since.get(first, now)
         old = self.waiting.pop(first, None)
         if old is not None:
-            old[2].cancel()
-            if not old[1].done():
-                old[1].set_result(self._resp(old[0], DLedgerResponseCode.REPEATED_PUSH))
+            old.timer.cancel()
+            if not old.future.done():
+                old.future.set_result(self._resp(old.request, DLedgerResponseCode.REPEATED_PUSH))
         elif len(self.waiting) >= self.max_waiting:
             return self._resp(req, DLedgerResponseCode.PUSH_REQUEST_IS_FULL)
         self.gap_since[first] = since
         fut: asyncio.Future[PushEntryResponse] = loop.create_future()
         handle = loop.call_later(max(since + self.wait_timeout_s - now, 0.001), self._expire, first, fut)
-        self.waiting[first] = (req, fut, handle)
+        self.waiting[first] = _Parked(req, fut, handle)
         return await fut
 
     def _expire(self, first: int, fut: asyncio.Future[PushEntryResponse]) -> None:
         item = self.waiting.get(first)
-        if item is not None and item[1] is fut:
+        if item is not None and item.future is fut:
             del self.waiting[first]  # gap_since[first] stays until the gap fills or a resync
             if not fut.done():
                 log.info(
@@ -229,7 +236,7 @@ class EntryHandler:
                     self.ms.group,
                     self.ms.self_id,
                 )
-                fut.set_result(self._resp(item[0], DLedgerResponseCode.INCONSISTENT_STATE))
+                fut.set_result(self._resp(item.request, DLedgerResponseCode.INCONSISTENT_STATE))
 
     def _drain_waiting(self) -> None:
         while self.waiting:
@@ -295,10 +302,4 @@ class EntryHandler:
 
     def on_role_change(self) -> None:
         """Leader or term changed: parked pushes of the old leader will never be applied."""
-        if self.waiting:
-            for _, (wreq, fut, handle) in list(self.waiting.items()):
-                handle.cancel()
-                if not fut.done():
-                    fut.set_result(self._resp(wreq, DLedgerResponseCode.INCONSISTENT_STATE))
-            self.waiting.clear()
-        self.gap_since.clear()
+        self._clear_waiting()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from enum import Enum
+from enum import StrEnum
 
 from dledger.config import DLedgerConfig
 from dledger.store.base import DLedgerStore
@@ -29,8 +29,9 @@ log = logging.getLogger("dledger.member_state")
 CURRTERM_FILE = "currterm"
 
 
-class Role(str, Enum):  # noqa: UP042 - the documented contract (str values in JSON)
-    """A member's role. Every member starts as CANDIDATE."""
+class Role(StrEnum):
+    """A member's role. Every member starts as CANDIDATE. The values are the contract of the
+    metadata JSON (`"role": "LEADER"`)."""
 
     CANDIDATE = "CANDIDATE"
     FOLLOWER = "FOLLOWER"
@@ -100,7 +101,7 @@ class MemberState:
         self.known_max_term_in_group = 0
         self.transferee: str | None = None
         self.term_to_take_leadership = -1
-        if config.store_type == "MEMORY" and hasattr(store, "term_state"):
+        if store.term_state is not None:
             self.term_store = TermStore(None, store.term_state)
         else:
             self.term_store = TermStore(os.path.join(config.default_path(), CURRTERM_FILE))
@@ -177,7 +178,7 @@ class MemberState:
     def check_recovering(self) -> bool:
         """True while the store's catch-up watermark is above the log end. Clears (durably) and
         logs once the log has reached it. Stores without a watermark are never recovering."""
-        watermark = getattr(self.store, "catchup_watermark", -1)
+        watermark = self.store.catchup_watermark
         if watermark < 0:
             return False
         end = self.store.ledger_end_index
@@ -194,17 +195,11 @@ class MemberState:
     def check_verifying(self) -> bool:
         """True while the store still verifies the older data files its recovery did not scan
         (`dledger.store.verify`): no campaign and no leadership transfer until it is done."""
-        return bool(getattr(self.store, "verifying", False))
+        return self.store.verifying
 
     # -- queries --------------------------------------------------------------------------
     def is_leader(self) -> bool:
         return self.role == Role.LEADER
-
-    def is_follower(self) -> bool:
-        return self.role == Role.FOLLOWER
-
-    def is_candidate(self) -> bool:
-        return self.role == Role.CANDIDATE
 
     def is_quorum(self, num: int) -> bool:
         """True when `num` members (self included) are a majority of the group."""
@@ -219,10 +214,6 @@ class MemberState:
 
     def is_peer_member(self, member_id: str) -> bool:
         return member_id in self.peer_map
-
-    @property
-    def self_addr(self) -> str:
-        return self.peer_map[self.self_id]
 
     @property
     def leader_addr(self) -> str | None:

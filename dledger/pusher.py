@@ -19,18 +19,15 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.config import DLedgerConfig
+from dledger.dispatcher import EntryDispatcher, RawBatch
 from dledger.entry import DLedgerEntry
 from dledger.member_state import MemberState, Role
 from dledger.rpc.protocol import RpcService
 from dledger.store.base import DLedgerStore
-
-if TYPE_CHECKING:
-    from dledger.dispatcher import EntryDispatcher
-    from dledger.elector import DLedgerLeaderElector
 
 log = logging.getLogger("dledger.pusher")
 
@@ -50,8 +47,18 @@ class _Pending:
     deadline: float
 
 
+class _CatchUpWaiter(NamedTuple):
+    peer: str
+    index: int
+    future: asyncio.Future[None]
+
+
 class DLedgerEntryPusher:
-    """Leader-side replication state: watermarks, pending appends, dispatchers, entry cache."""
+    """Leader-side replication state: watermarks, pending appends, dispatchers, entry cache.
+
+    Events for the elector (registered by the server): `higher_term_listeners(term, source)` when a
+    follower answers with a higher term, `peer_ack_listeners(peer)` on every successful answer.
+    """
 
     def __init__(
         self,
@@ -66,7 +73,8 @@ class DLedgerEntryPusher:
         self.store = store
         self.rpc = rpc
         self.clock = clock
-        self.elector: DLedgerLeaderElector | None = None
+        self.higher_term_listeners: list[Callable[[int, str], None]] = []
+        self.peer_ack_listeners: list[Callable[[str], None]] = []
         self.term = -1
         self.first_index_of_term = 1 << 62
         self.peer_water_marks: dict[str, int] = {}
@@ -77,16 +85,13 @@ class DLedgerEntryPusher:
         self._cache: deque[DLedgerEntry] = deque()
         self._cache_base = 0
         self._cache_bytes = 0
-        # The stored bytes of the last batch pushed, keyed by (first, last index, pos, size, term).
-        self.last_raw: tuple[tuple[int, int, int, int, int], bytes] | None = None
-        self._catch_up_waiters: list[tuple[str, int, asyncio.Future[None]]] = []
+        self.last_raw: RawBatch | None = None  # the stored bytes of the last batch pushed
+        self._catch_up_waiters: list[_CatchUpWaiter] = []
         self._own_flush_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
-        from dledger.dispatcher import EntryDispatcher
-
         loop = asyncio.get_running_loop()
         for peer in self.ms.peers_without_self():
             d = EntryDispatcher(self, peer)
@@ -132,9 +137,9 @@ class DLedgerEntryPusher:
                 exc = DLedgerException(code, why)
                 exc.leader_id = self.ms.leader_id  # type: ignore[attr-defined]
                 p.future.set_exception(exc)
-        for _, _, fut in self._catch_up_waiters:
-            if not fut.done():
-                fut.set_result(None)
+        for w in self._catch_up_waiters:
+            if not w.future.done():
+                w.future.set_result(None)
         self._catch_up_waiters = []
 
     # -- leader appends -------------------------------------------------------------------
@@ -229,6 +234,17 @@ class DLedgerEntryPusher:
     def pending_count(self) -> int:
         return len(self.pending)
 
+    # -- events from the dispatchers -------------------------------------------------------
+    def notify_higher_term(self, term: int, source: str) -> None:
+        """A follower answered with a higher term: we are no longer its leader."""
+        for listener in self.higher_term_listeners:
+            listener(term, source)
+
+    def notify_peer_ack(self, peer: str) -> None:
+        """A follower answered a push successfully: it is alive and follows us."""
+        for listener in self.peer_ack_listeners:
+            listener(peer)
+
     # -- QuorumAckChecker -----------------------------------------------------------------
     def peer_water_mark(self, peer: str) -> int:
         return self.peer_water_marks.get(peer, -1)
@@ -242,12 +258,12 @@ class DLedgerEntryPusher:
             self._trim_cache()
         if self._catch_up_waiters:
             keep = []
-            for p, target, fut in self._catch_up_waiters:
-                if p == peer and index >= target:
-                    if not fut.done():
-                        fut.set_result(None)
+            for w in self._catch_up_waiters:
+                if w.peer == peer and index >= w.index:
+                    if not w.future.done():
+                        w.future.set_result(None)
                 else:
-                    keep.append((p, target, fut))
+                    keep.append(w)
             self._catch_up_waiters = keep
         self._check_quorum()
 
@@ -289,6 +305,6 @@ class DLedgerEntryPusher:
         if self.peer_water_mark(peer) >= index:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._catch_up_waiters.append((peer, index, fut))
+        self._catch_up_waiters.append(_CatchUpWaiter(peer, index, fut))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(fut, timeout_s)

@@ -110,18 +110,20 @@ class DLedgerServer:
         self.rng = rng or random.Random()
         self.pusher = DLedgerEntryPusher(config, self.member_state, self.store, rpc, self._now)
         self.elector = DLedgerLeaderElector(config, self.member_state, rpc, self.pusher, self.rng, self._now)
-        self.pusher.elector = self.elector
         self.entry_handler = EntryHandler(
-            config, self.member_state, self.store, self.elector, self._on_commit
+            config, self.member_state, self.store, self.elector.accept_leader_message, self._on_commit
         )
+        # Events between the parts (none of them knows the others' classes):
+        self.pusher.higher_term_listeners.append(self.elector.on_higher_term)
+        self.pusher.peer_ack_listeners.append(self.elector.on_peer_ack)
         self.pusher.commit_listeners.append(self._on_commit)
-        if hasattr(self.store, "corrupt_cut_listeners"):
-            # A corrupt log cut while running: answer parked pushes so the leader re-COMPAREs now.
-            self.store.corrupt_cut_listeners.append(lambda _reason: self.entry_handler.on_log_cut())
+        # A corrupt log cut while running: a leader steps down first, then parked pushes are
+        # answered so the leader re-COMPAREs at once.
+        self.store.corrupt_cut_listeners.append(self.elector.on_corrupt_cut)
+        self.store.corrupt_cut_listeners.append(lambda _reason: self.entry_handler.on_log_cut())
         self.elector.internal_handlers.append(self.pusher.on_role_change)
         self.elector.internal_handlers.append(self._on_role_change)
         self._callers: list[StateMachineCaller] = []
-        self._commit_callbacks: list[Callable[[], None]] = []
         self.started = False
         self._stopping = False
         self._noop_term = -1  # the leader term whose no-op is in our log
@@ -143,15 +145,9 @@ class DLedgerServer:
         if self.started:
             caller.start()
 
-    def add_commit_callback(self, cb: Callable[[], None]) -> None:
-        """`cb()` whenever the committed index may have moved (cheap; wake something)."""
-        self._commit_callbacks.append(cb)
-
     def _on_commit(self) -> None:
         for c in self._callers:
             c.on_commit()
-        for cb in self._commit_callbacks:
-            cb()
 
     def _on_role_change(self, term: int, role: Role) -> None:
         self.entry_handler.on_role_change()

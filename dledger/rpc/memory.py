@@ -16,11 +16,11 @@ from typing import Any
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.rpc.protocol import (
-    HANDLER_METHODS,
     KIND_REQUEST,
     KIND_RESPONSE,
     RequestOrResponse,
     RpcService,
+    dispatch,
     error_response,
     roundtrip,
 )
@@ -148,10 +148,12 @@ class MemoryRpcService(RpcService):
 
     async def serve(self, req: RequestOrResponse) -> RequestOrResponse:
         handler = self.handler
+        if handler is None:  # shut down after the request was delivered: it is never answered
+            raise DLedgerException(DLedgerResponseCode.NETWORK_ERROR, f"{self.self_id} is shut down")
         if req.remote_id != self.self_id:
             log.warning("refusing frame for member %s at %s", req.remote_id, self.self_id)
             return error_response(req, DLedgerResponseCode.UNKNOWN_MEMBER, self.self_id)
-        return await getattr(handler, HANDLER_METHODS[req.request_code])(req)
+        return await dispatch(handler, req)
 
     async def call(self, peer_id: str, req: RequestOrResponse, timeout_s: float) -> Any:
         loop = asyncio.get_running_loop()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import struct
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, ClassVar, Protocol
@@ -89,10 +90,6 @@ class RequestOrResponse:
 
     request_code: ClassVar[RequestCode]
 
-    def set_code(self, code: DLedgerResponseCode) -> RequestOrResponse:
-        self.code = int(code)
-        return self
-
     def _enc(self, out: list[bytes]) -> None:
         """Append type-specific fields (subclasses)."""
 
@@ -148,22 +145,6 @@ def _get_entries(buf: memoryview, off: int) -> tuple[list[DLedgerEntry], int]:
         entries.append(DLedgerEntry(body, magic, index, term, pos, channel, chain_crc, crc, size))
         off += size
     return entries, off
-
-
-def _put_str_list(out: list[bytes], items: list[str]) -> None:
-    out.append(_U16.pack(len(items)))
-    for s in items:
-        _put_str(out, s)
-
-
-def _get_str_list(buf: memoryview, off: int) -> tuple[list[str], int]:
-    (n,) = _U16.unpack_from(buf, off)
-    off += 2
-    items = []
-    for _ in range(n):
-        s, off = _get_str(buf, off)
-        items.append(s)
-    return items, off
 
 
 _VOTE = struct.Struct(">qqBB")  # ledgerEndIndex, ledgerEndTerm, preVote, takeLeadership
@@ -542,15 +523,20 @@ class RpcHandler(Protocol):
     ) -> LeadershipTransferResponse: ...
 
 
-HANDLER_METHODS: dict[int, str] = {
-    RequestCode.VOTE: "handle_vote",
-    RequestCode.HEART_BEAT: "handle_heartbeat",
-    RequestCode.PUSH: "handle_push",
-    RequestCode.APPEND: "handle_append",
-    RequestCode.GET: "handle_get",
-    RequestCode.METADATA: "handle_metadata",
-    RequestCode.LEADERSHIP_TRANSFER: "handle_leadership_transfer",
+_HANDLERS: dict[int, Callable[[RpcHandler, Any], Awaitable[RequestOrResponse]]] = {
+    RequestCode.VOTE: lambda h, req: h.handle_vote(req),
+    RequestCode.HEART_BEAT: lambda h, req: h.handle_heartbeat(req),
+    RequestCode.PUSH: lambda h, req: h.handle_push(req),
+    RequestCode.APPEND: lambda h, req: h.handle_append(req),
+    RequestCode.GET: lambda h, req: h.handle_get(req),
+    RequestCode.METADATA: lambda h, req: h.handle_metadata(req),
+    RequestCode.LEADERSHIP_TRANSFER: lambda h, req: h.handle_leadership_transfer(req),
 }
+
+
+async def dispatch(handler: RpcHandler, req: RequestOrResponse) -> RequestOrResponse:
+    """Run the `handler` method that answers `req` (every decoded request type has one)."""
+    return await _HANDLERS[req.request_code](handler, req)
 
 
 def error_response(req: RequestOrResponse, code: DLedgerResponseCode, self_id: str = "") -> RequestOrResponse:
@@ -564,7 +550,7 @@ class RpcService(ABC):
     """Node-to-node (and client-to-node) requests. Each call raises DLedgerException(TIMEOUT)
     after `timeout_s`, DLedgerException(NETWORK_ERROR) when the peer cannot be reached."""
 
-    handler: Any = None
+    handler: RpcHandler | None = None
 
     def register_handler(self, handler: RpcHandler) -> None:
         """Server side: the object whose handle_* methods answer incoming requests."""

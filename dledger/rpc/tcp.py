@@ -20,13 +20,13 @@ from typing import Any
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.rpc.protocol import (
     FRAME_HEAD,
-    HANDLER_METHODS,
     KIND_REQUEST,
     KIND_RESPONSE,
     MAX_FRAME_SIZE,
     RequestOrResponse,
     RpcService,
     decode_frame_body,
+    dispatch,
     encode_frame_parts,
     error_response,
 )
@@ -192,7 +192,7 @@ class _ServerConnection(_FrameConnection):
             resp = error_response(req, DLedgerResponseCode.NOT_LEADER, svc.self_id)
         else:
             try:
-                resp = await getattr(handler, HANDLER_METHODS[req.request_code])(req)
+                resp = await dispatch(handler, req)
             except asyncio.CancelledError:
                 raise
             except Exception:

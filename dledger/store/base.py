@@ -15,9 +15,18 @@ from dledger.entry import DLedgerEntry
 AppendHook = Callable[[DLedgerEntry, memoryview, int], None]
 """hook(entry, writable view of the encoded entry, BODY_OFFSET): runs before the bytes are written."""
 
+CorruptCutListener = Callable[[str], None]
+"""listener(reason): a corrupt log found while running is about to be cut (see `corrupt_cut_listeners`)."""
+
 
 class DLedgerStore(ABC):
-    """Abstract log store. Indexes start at 0; an empty log has end index -1 and begin index -1."""
+    """Abstract log store. Indexes start at 0; an empty log has end index -1 and begin index -1.
+
+    Callers: the DLedger components (server, pusher, dispatchers, entry handler, member state,
+    state machine caller) and the broker's DLedger commit log, which also reads message bytes
+    straight from the data (`get_data`, `get_entry_pos_and_size`, `data_begin_pos`,
+    `data_end_pos`) and recovers the store before the server starts (`recover`).
+    """
 
     ledger_begin_index: int = -1
     ledger_end_index: int = -1
@@ -25,10 +34,32 @@ class DLedgerStore(ABC):
     committed_index: int = -1
     committed_pos: int = -1
     append_hooks: list[AppendHook]
+    # Recovery had to cut entries it had acknowledged (a corrupt log): the index it must reach
+    # again before this member votes or campaigns (-1: none). `MemberState.check_recovering` reads it.
+    catchup_watermark: int = -1
+    # Older data files are still being verified after start: no campaign, no leadership transfer.
+    verifying: bool = False
+    # Reads through `get_data` are views of stored bytes (the dispatchers send them as they are);
+    # False where `get_data` has to re-encode (the memory store).
+    zero_copy_reads: bool = True
+    # Where `MemberState` persists currTerm/voteLeader: None for the `currterm` file beside the
+    # store, or a dict that plays the disk (the memory store, kept across a simulated crash).
+    term_state: dict[str, str] | None = None
+    # Called (with the reason) right before a corrupt log found while running is cut: the elector
+    # steps down, the entry handler answers parked pushes (stores that never cut keep it empty).
+    corrupt_cut_listeners: list[CorruptCutListener]
 
     def add_append_hook(self, hook: AppendHook) -> None:
         """Register a hook called with each leader-appended entry before it is written."""
         self.append_hooks.append(hook)
+
+    def recover(self) -> None:  # noqa: B027 - stores without files have nothing to recover
+        """Load the files and rebuild the ledger state (blocking; `start` does it when not done).
+        The broker calls it first so it can check its consume queues against the data."""
+
+    def clear_catchup_watermark(self) -> None:
+        """The log has reached `catchup_watermark` again: forget it (durably where it is persisted)."""
+        self.catchup_watermark = -1
 
     @abstractmethod
     def append_as_leader(self, entry: DLedgerEntry, term: int) -> DLedgerEntry:
@@ -57,6 +88,25 @@ class DLedgerStore(ABC):
         positions, body CRCs — and a refused run writes nothing (INCONSISTENT_INDEX /
         INCONSISTENT_TERM / DISK_ERROR / DISK_FULL). `raw`, when given, is the run's exact encoding
         as received (the leader's stored bytes) and may be written as-is."""
+
+    @abstractmethod
+    def get_entry_pos_and_size(self, index: int) -> tuple[int, int]:
+        """(pos, size) of entry `index` without reading its body. INDEX_OUT_OF_RANGE outside
+        [begin, end]."""
+
+    @abstractmethod
+    def get_data(self, pos: int, size: int) -> bytes | memoryview:
+        """The stored bytes at data position `pos` (never across a data file's end)."""
+
+    @property
+    @abstractmethod
+    def data_begin_pos(self) -> int:
+        """Data position of the first entry still stored (-1 when empty)."""
+
+    @property
+    @abstractmethod
+    def data_end_pos(self) -> int:
+        """Data position right after the last byte written (appended, not necessarily committed)."""
 
     @abstractmethod
     def get(self, index: int) -> DLedgerEntry:

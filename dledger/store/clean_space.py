@@ -15,22 +15,33 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from dledger.store.mmap_store import DLedgerMmapFileStore
+from dledger.config import DLedgerConfig
+from dledger.store.file_list import MmapFileList
 
 log = logging.getLogger(__name__)
 
 CLEAN_INTERVAL_S = 0.1  # DLedger's period
 
 
+class CleanedStore(Protocol):
+    """What the service reads and calls (the mmap store)."""
+
+    config: DLedgerConfig
+    data_file_list: MmapFileList
+    committed_pos: int
+    ledger_begin_index: int
+
+    def set_disk_full(self, full: bool, ratio: float) -> None: ...
+    def revise_ledger_begin_index(self) -> None: ...
+
+
 class CleanSpaceService:
     """Disk checks for one store. `disk_used_ratio` replaces the probe (tests present a full disk
     with it); every decision taken on the ratio is the real one."""
 
-    def __init__(self, store: DLedgerMmapFileStore,
-                 disk_used_ratio: Callable[[], float] | None = None) -> None:
+    def __init__(self, store: CleanedStore, disk_used_ratio: Callable[[], float] | None = None) -> None:
         self.store = store
         self.disk_used_ratio = disk_used_ratio or self._store_disk_used_ratio
 

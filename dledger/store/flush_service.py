@@ -15,25 +15,48 @@ import itertools
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import NamedTuple, Protocol
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
+from dledger.config import DLedgerConfig
 from dledger.store.checkpoint import Checkpoint, write_checkpoint
 from dledger.store.file_list import MmapFileList
 
-if TYPE_CHECKING:
-    from dledger.store.mmap_store import DLedgerMmapFileStore
-
 log = logging.getLogger(__name__)
+
+
+class FlushedStore(Protocol):
+    """What the service reads and moves (the mmap store)."""
+
+    config: DLedgerConfig
+    data_file_list: MmapFileList
+    index_file_list: MmapFileList
+    checkpoint_path: str
+    ledger_end_index: int
+    committed_index: int
+
+    @property
+    def flushed_index(self) -> int: ...
+    @property
+    def truncate_epoch(self) -> int: ...
+    def set_flushed_index(self, index: int) -> None: ...
+
+
+class _Waiter(NamedTuple):
+    """A `wait_flushed` caller in the heap, ordered by index then arrival."""
+
+    index: int
+    seq: int
+    future: asyncio.Future[None]
 
 
 class FlushDataService:
     """Flushing, flush waiters and checkpoints of one store."""
 
-    def __init__(self, store: DLedgerMmapFileStore) -> None:
+    def __init__(self, store: FlushedStore) -> None:
         self.store = store
         self.flush_rounds = 0  # fsync rounds done (observability: group commit shares them)
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiters: list[_Waiter] = []
         self._seq = itertools.count()
         self._wakeup: asyncio.Event | None = None
         self._lock: asyncio.Lock | None = None
@@ -81,8 +104,8 @@ class FlushDataService:
             store.set_flushed_index(target)
         flushed = store.flushed_index
         waiters = self._waiters
-        while waiters and waiters[0][0] <= flushed:
-            fut = heapq.heappop(waiters)[2]
+        while waiters and waiters[0].index <= flushed:
+            fut = heapq.heappop(waiters).future
             if not fut.done():
                 fut.set_result(None)
 
@@ -125,7 +148,7 @@ class FlushDataService:
                                        f"index {index} > end {store.ledger_end_index}")
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (index, next(self._seq), fut))
+        heapq.heappush(self._waiters, _Waiter(index, next(self._seq), fut))
         self._wakeup.set()
         await fut
 
@@ -133,9 +156,9 @@ class FlushDataService:
         """Fail the waiters for indexes above `above` (all by default)."""
         keep = []
         for item in self._waiters:
-            if item[0] > above:
-                if not item[2].done():
-                    item[2].set_exception(exc)
+            if item.index > above:
+                if not item.future.done():
+                    item.future.set_exception(exc)
             else:
                 keep.append(item)
         heapq.heapify(keep)

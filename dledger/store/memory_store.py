@@ -30,6 +30,7 @@ class DLedgerMemoryStore(DLedgerStore):
     def __init__(self, config: DLedgerConfig) -> None:
         self.config = config
         self.append_hooks = []
+        self.corrupt_cut_listeners = []
         self._entries: list[DLedgerEntry] = []
         self.ledger_begin_index = -1
         self.ledger_end_index = -1
@@ -41,7 +42,9 @@ class DLedgerMemoryStore(DLedgerStore):
         self._flush_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._fsync_scheduled = False
         self._flush_task: asyncio.Task[None] | None = None
-        self.term_state: dict[str, str] = {}
+        # The simulated disk for currTerm/voteLeader; a memory store under a FILE config (unit tests of
+        # the member state) leaves them to the `currterm` file.
+        self.term_state = {} if config.store_type == "MEMORY" else None
         # For the simulator's invariant checks: lowest index changed in place since it last looked,
         # and any attempt to cut below the committed index.
         self.low_water_modified: int | None = None
@@ -151,9 +154,17 @@ class DLedgerMemoryStore(DLedgerStore):
             raise DLedgerException(DLedgerResponseCode.INDEX_OUT_OF_RANGE, f"[{pos}, +{size}) not written")
         return bytes(out[:size])
 
+    def get_entry_pos_and_size(self, index: int) -> tuple[int, int]:
+        e = self.get(index)
+        return e.pos, e.size
+
     @property
     def data_begin_pos(self) -> int:
-        return 0
+        return 0 if self._entries else -1
+
+    @property
+    def data_end_pos(self) -> int:
+        return self._end_pos
 
     # -- truncation and commit ------------------------------------------------------------
     def _cut_after(self, index: int) -> None:

@@ -20,12 +20,16 @@
    Still refused with DISK_ERROR: no data files at all although the checkpoint records a
    committed index (a wrong store path or a wiped dir), and a corrupt first entry in a data file
    before the scanned region (the begin index is unknown).
-5. Cut data and index at the stop (stale bytes after it are zeroed) and set begin/end index, end
-   term, committed index (at most the new end) and position.
+5. Cut data and index at the stop (stale bytes after it are zeroed). `recover_files` returns what
+   it found (`RecoveredLog`); the store sets begin/end index, end term, committed index (at most
+   the new end) and position from it.
 6. Files before the scan start are not scanned here (a start must not read the whole log): the
    store records where the scan began (`unverified_region`, `verifying`) and `start()` checks
    every older record with the same `scan_entries` in the background (`verify`), cutting like
    step 4 if one is bad; meanwhile the member neither campaigns nor takes leadership.
+
+This module works on the two file lists and the files beside them; it knows nothing of the store
+object, which applies the result.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, SIMD: ~15x faster on 100 KB entries
 
@@ -47,6 +51,7 @@ from dledger.entry import (
     INDEX_UNIT_SIZE,
     MIN_BLANK_LEN,
     VALID_MAGICS,
+    IndexRecord,
 )
 from dledger.store.checkpoint import (
     CATCHUP_FILE,
@@ -55,9 +60,6 @@ from dledger.store.checkpoint import (
     write_catchup_watermark,
 )
 from dledger.store.file_list import MmapFile, MmapFileList
-
-if TYPE_CHECKING:
-    from dledger.store.mmap_store import DLedgerMmapFileStore
 
 log = logging.getLogger(__name__)
 
@@ -92,15 +94,16 @@ def _check_entry(mf: MmapFile, off: int) -> tuple[int, int, int, int]:
     return magic, size, index, term
 
 
-def _read_index_record(il: MmapFileList, index: int) -> tuple[int, int, int, int, int] | None:
+def read_index_record(il: MmapFileList, index: int) -> IndexRecord | None:
+    """The index record of entry `index` as stored (None when no index file holds it)."""
     ipos = index * INDEX_UNIT_SIZE
     imf = il.find_file(ipos)
     if imf is None:
         return None
-    return INDEX_RECORD.unpack_from(imf.mm, ipos - imf.file_from_offset)
+    return IndexRecord._make(INDEX_RECORD.unpack_from(imf.mm, ipos - imf.file_from_offset))
 
 
-def _write_index_record(il: MmapFileList, index: int, record: tuple[int, int, int, int, int]) -> bool:
+def _write_index_record(il: MmapFileList, index: int, record: IndexRecord) -> bool:
     ipos = index * INDEX_UNIT_SIZE
     if not il.files:
         il.rebuild_with_pos(ipos, use_blank=False)
@@ -122,10 +125,10 @@ def _old_end_from_index_records(il: MmapFileList, first: int) -> int:
     before the cut, so the catch-up watermark covers what this member may have acknowledged."""
     last, last_term = first - 1, -1
     while True:
-        rec = _read_index_record(il, last + 1)
-        if rec is None or rec[3] != last + 1 or rec[0] not in VALID_MAGICS or rec[4] < last_term:
+        rec = read_index_record(il, last + 1)
+        if rec is None or rec.index != last + 1 or rec.magic not in VALID_MAGICS or rec.term < last_term:
             return last
-        last, last_term = last + 1, rec[4]
+        last, last_term = last + 1, rec.term
 
 
 def _first_entry_offset(mf: MmapFile) -> int:
@@ -136,14 +139,14 @@ def _first_entry_offset(mf: MmapFile) -> int:
     return 0
 
 
-def _first_entry_ok(store: DLedgerMmapFileStore, mf: MmapFile, committed: int) -> bool:
+def _first_entry_ok(il: MmapFileList, mf: MmapFile, committed: int) -> bool:
     off = _first_entry_offset(mf)
     try:
         magic, size, index, term = _check_entry(mf, off)
     except _Corrupt:
         return False
     # A committed entry's index record is checked (rebuilt when missing) by the scan.
-    return index <= committed or _read_index_record(store.index_file_list, index) == (
+    return index <= committed or read_index_record(il, index) == (
         magic, mf.file_from_offset + off, size, index, term)
 
 
@@ -163,8 +166,8 @@ class ScanState:
     scanned_bytes: int = 0
 
 
-def scan_entries(store: DLedgerMmapFileStore, st: ScanState, committed: int, stop_pos: int | None = None,
-                 max_entries: int | None = None) -> None:
+def scan_entries(dl: MmapFileList, il: MmapFileList, st: ScanState, committed: int,
+                 stop_pos: int | None = None, max_entries: int | None = None) -> None:
     """Check records forward from `st.pos` (step 3 of the module docstring), updating `st`.
 
     Recovery scans to the end of the written data (a zero header). The background verification
@@ -172,7 +175,6 @@ def scan_entries(store: DLedgerMmapFileStore, st: ScanState, committed: int, sto
     before it must be a valid entry or a blank, so a zero header there is corruption too) and
     `max_entries` (it returns after that many records with `st.done` False, to yield the loop).
     """
-    dl, il = store.data_file_list, store.index_file_list
     n = 0
     while True:
         pos = st.pos
@@ -217,8 +219,8 @@ def scan_entries(store: DLedgerMmapFileStore, st: ScanState, committed: int, sto
         if term < st.last_term:
             st.reason, st.done = f"term {term} of index {index} < previous term {st.last_term}", True
             return
-        record = (magic, pos, size, index, term)
-        found = _read_index_record(il, index)
+        record = IndexRecord(magic, pos, size, index, term)
+        found = read_index_record(il, index)
         if found != record:
             # A missing (zero) record of a committed entry is rebuilt from the CRC-checked entry; a
             # different one means the header or the record is corrupt (a flipped term, say, which
@@ -235,12 +237,12 @@ def scan_entries(store: DLedgerMmapFileStore, st: ScanState, committed: int, sto
         st.pos += size
         st.scanned_bytes += size
 
-def _start_file(store: DLedgerMmapFileStore, committed: int) -> int | None:
-    files = store.data_file_list.files
+def _start_file(dl: MmapFileList, il: MmapFileList, committed: int) -> int | None:
+    files = dl.files
     start = max(0, len(files) - 3)
     if committed >= 0:
-        rec = _read_index_record(store.index_file_list, committed)
-        mf = store.data_file_list.find_file(rec[1]) if rec and rec[3] == committed else None
+        rec = read_index_record(il, committed)
+        mf = dl.find_file(rec.pos) if rec and rec.index == committed else None
         if mf is None:
             # The committed entry's index record is gone: scan (and re-index) from the first file.
             log.warning("event=recovery_full_scan reason=committed_index_record_missing committed=%d",
@@ -249,104 +251,109 @@ def _start_file(store: DLedgerMmapFileStore, committed: int) -> int | None:
         else:
             start = min(start, files.index(mf))
     for i in range(start, -1, -1):
-        if _first_entry_ok(store, files[i], committed):
+        if _first_entry_ok(il, files[i], committed):
             return i
         log.warning("event=recovery_bad_first_entry file=%s", files[i].path)
     return None
 
 
-def recover(store: DLedgerMmapFileStore) -> None:
-    """Rebuild `store`'s state from its files (see the module docstring)."""
-    dl, il = store.data_file_list, store.index_file_list
-    checkpoint = read_checkpoint(store.checkpoint_path)
+class RecoveredLog(NamedTuple):
+    """What `recover_files` found; the store sets its ledger state from it."""
+
+    end_index: int  # the last good entry (-1: none)
+    end_term: int
+    checkpoint_committed: int  # the committed index the checkpoint recorded (may exceed end_index)
+    checkpoint_end: int
+    catchup_watermark: int  # persisted or just set (-1: none)
+    scan_start_pos: int | None  # where the scan began when older files were not scanned
+
+
+def recover_files(dl: MmapFileList, il: MmapFileList, checkpoint_path: str, ctx: str) -> RecoveredLog:
+    """Steps 1-5 of the module docstring on the store's files (`ctx` names the member in logs)."""
+    checkpoint = read_checkpoint(checkpoint_path)
     committed = checkpoint.committed_index
-    watermark_path = os.path.join(os.path.dirname(store.checkpoint_path), CATCHUP_FILE)
-    persisted = read_catchup_watermark(watermark_path)
-    store.catchup_watermark = persisted
+    watermark_path = os.path.join(os.path.dirname(checkpoint_path), CATCHUP_FILE)
+    watermark = read_catchup_watermark(watermark_path)
     dl.load()
     il.load()
     if not dl.files:
         if committed >= 0:
             raise DLedgerException(DLedgerResponseCode.DISK_ERROR,
-                                   f"no data files in {dl.store_path} but {store.checkpoint_path} records "
+                                   f"no data files in {dl.store_path} but {checkpoint_path} records "
                                    f"committedIndex={committed}; refusing to start")
         il.truncate_offset(-1)
-        return
-    start = _start_file(store, committed)
-    pos = dl.files[start].file_from_offset if start is not None else dl.files[0].file_from_offset
-    scan = ScanState(pos)
+        return RecoveredLog(-1, -1, committed, checkpoint.end_index, watermark, None)
+    start = _start_file(dl, il, committed)
+    scan = ScanState(dl.files[start or 0].file_from_offset)
     if start is not None:
-        scan_entries(store, scan, committed)
-    pos, last_index, last_term, reason, repaired = (scan.pos, scan.last_index, scan.last_term, scan.reason,
-                                                     scan.repaired)
-    if reason or start is None:
+        scan_entries(dl, il, scan, committed)
+    if scan.reason or start is None or committed > scan.last_index:
+        watermark = _cut_reason(dl, il, scan, start is None, committed, watermark, watermark_path, ctx)
+    if start:
+        _check_first_entry(dl)
+    _cut_tail(dl, il, scan.pos, scan.last_index, start or 0)
+    if scan.repaired:
+        log.warning("event=index_records_repaired count=%d", scan.repaired)
+    if checkpoint.end_index > scan.last_index:
+        log.warning("event=recovered_below_checkpoint_end checkpointEnd=%d end=%d", checkpoint.end_index,
+                    scan.last_index)
+    return RecoveredLog(scan.last_index, scan.last_term, committed, checkpoint.end_index, watermark,
+                        dl.files[start].file_from_offset if start else None)
+
+
+def _cut_reason(dl: MmapFileList, il: MmapFileList, scan: ScanState, no_start: bool, committed: int,
+                watermark: int, watermark_path: str, ctx: str) -> int:
+    """Log why the log ends where the scan stopped; when that cuts committed entries, persist the
+    catch-up watermark first (step 4). Returns the watermark in force."""
+    pos, last_index = scan.pos, scan.last_index
+    if scan.reason or no_start:
         mf = dl.find_file(pos)
         where = f"{mf.path if mf else dl.store_path} offset {pos - mf.file_from_offset if mf else 0}"
-        reason = reason or "no data file starts with a valid entry"
+        reason = scan.reason or "no data file starts with a valid entry"
         if committed > last_index:
-            _set_catchup_watermark(store, watermark_path, persisted, committed, last_index,
-                                   f"recovery stopped at {where} (pos {pos}): {reason}")
-        else:
-            log.warning("event=torn_tail_cut %s file=%s pos=%d lastGoodIndex=%d committed=%d reason=%s",
-                        store._ctx, where, pos, last_index, committed, reason)
-    elif committed > last_index:
-        _set_catchup_watermark(store, watermark_path, persisted, committed, last_index,
-                               f"log in {dl.store_path} ends at pos {pos}")
-    if start:
-        # Files before the scan start were not scanned, yet the first one names the begin index.
-        first = dl.files[0]
-        try:
-            _check_entry(first, _first_entry_offset(first))
-        except _Corrupt as e:
-            raise DLedgerException(DLedgerResponseCode.DISK_ERROR,
-                                   f"first entry of {first.path} is corrupt ({e}), so the begin index is "
-                                   "unknown. Refusing to start: restore the file or remove the member's "
-                                   "store to resync it from the leader") from None
+            return _set_catchup_watermark(il, watermark_path, watermark, committed, last_index,
+                                          f"recovery stopped at {where} (pos {pos}): {reason}", ctx)
+        log.warning("event=torn_tail_cut %s file=%s pos=%d lastGoodIndex=%d committed=%d reason=%s",
+                    ctx, where, pos, last_index, committed, reason)
+        return watermark
+    return _set_catchup_watermark(il, watermark_path, watermark, committed, last_index,
+                                  f"log in {dl.store_path} ends at pos {pos}", ctx)
+
+
+def _check_first_entry(dl: MmapFileList) -> None:
+    """Files before the scan start were not scanned, yet the first one names the begin index."""
+    first = dl.files[0]
+    try:
+        _check_entry(first, _first_entry_offset(first))
+    except _Corrupt as e:
+        raise DLedgerException(DLedgerResponseCode.DISK_ERROR,
+                               f"first entry of {first.path} is corrupt ({e}), so the begin index is "
+                               "unknown. Refusing to start: restore the file or remove the member's "
+                               "store to resync it from the leader") from None
+
+
+def _cut_tail(dl: MmapFileList, il: MmapFileList, pos: int, last_index: int, first_scanned: int) -> None:
+    """Cut data at `pos` and the index after `last_index` (stale bytes zeroed), then fsync what
+    survived a process crash in the page cache before trusting it."""
     dl.truncate_offset(pos, stop_after_zeros=_STALE_SCAN_BYTES)
     if last_index >= 0:
         il.truncate_offset((last_index + 1) * INDEX_UNIT_SIZE, stop_after_zeros=_STALE_SCAN_BYTES)
     else:
         il.truncate_offset(-1)
-    # Whatever survived a process crash sits in the page cache: put it on disk before trusting it.
-    dl.fsync_files([(mf, mf.wrote_pos) for mf in dl.files[start or 0:]])
+    dl.fsync_files([(mf, mf.wrote_pos) for mf in dl.files[first_scanned:]])
     il.fsync_files([(mf, mf.wrote_pos) for mf in il.files[-3:]])
     for mf in dl.files + il.files:
         mf.flushed_pos = mf.wrote_pos
-    store.ledger_end_index = last_index
-    store.ledger_end_term = last_term
-    store.revise_ledger_begin_index()
-    if start and store.data_begin_pos >= 0:
-        # Files before the scan start were not scanned (only the first one's first entry was): the
-        # store verifies them in the background after start (`verify`), and the member neither
-        # campaigns nor takes leadership until that is done.
-        store.unverified_region = dl.files[start].file_from_offset
-        store.verifying = True
-    store._flushed_index = last_index
-    if repaired:
-        log.warning("event=index_records_repaired count=%d", repaired)
-    committed = min(committed, last_index)  # what is left below the old committed index is committed
-    if committed >= 0 and store.ledger_begin_index <= committed <= last_index:
-        store.committed_index = committed
-        p, s = store.get_entry_pos_and_size(committed)
-        store.committed_pos = p + s
-    elif 0 <= committed < store.ledger_begin_index:
-        # The committed entry's file was deleted as expired: everything kept is above it.
-        store.committed_index = committed
-        store.committed_pos = store.data_begin_pos
-    if checkpoint.end_index > last_index:
-        log.warning("event=recovered_below_checkpoint_end checkpointEnd=%d end=%d", checkpoint.end_index,
-                    last_index)
 
 
-def _set_catchup_watermark(store: DLedgerMmapFileStore, path: str, persisted: int, committed: int,
-                           last_index: int, what: str) -> None:
+def _set_catchup_watermark(il: MmapFileList, path: str, persisted: int, committed: int, last_index: int,
+                           what: str, ctx: str) -> int:
     """Committed entries after `last_index` are about to be cut: persist (before cutting, so a
     crash in between keeps it) the index this member must re-fetch up to before it votes again."""
-    old_end = _old_end_from_index_records(store.index_file_list, last_index + 1)
+    old_end = _old_end_from_index_records(il, last_index + 1)
     watermark = max(committed, old_end, persisted)
     write_catchup_watermark(path, watermark)
-    store.catchup_watermark = watermark
     log.error("event=committed_entries_cut %s lastGoodIndex=%d checkpointCommitted=%d oldEnd=%d "
               "catchUpWatermark=%d detail=%s; re-fetching from the leader, not voting or campaigning "
-              "until the log reaches the watermark", store._ctx, last_index, committed, old_end, watermark,
-              what)
+              "until the log reaches the watermark", ctx, last_index, committed, old_end, watermark, what)
+    return watermark

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, SIMD: ~15x faster on 100 KB entries
 
@@ -31,6 +32,7 @@ from dledger.entry import (
     MIN_BLANK_LEN,
     VALID_MAGICS,
     DLedgerEntry,
+    IndexRecord,
     body_crc32,
 )
 from dledger.store.base import DLedgerStore
@@ -38,12 +40,25 @@ from dledger.store.checkpoint import CATCHUP_FILE, CHECKPOINT_FILE, write_catchu
 from dledger.store.clean_space import CleanSpaceService
 from dledger.store.file_list import WRITE_THROUGH_FD, MmapFile, MmapFileList
 from dledger.store.flush_service import FlushDataService
+from dledger.store.mmap_recovery import RecoveredLog, recover_files
+from dledger.store.verify import verify_old_files
 
 log = logging.getLogger(__name__)
 
 _E = DLedgerResponseCode
 _CRC_FIX = 0x80000000  # crc - ((crc & _CRC_FIX) << 1) turns zlib's unsigned CRC into a Java int
 _BUFFER_TYPES = (bytes, bytearray, memoryview)
+
+
+class _FollowerRun(NamedTuple):
+    """A validated follower run: its index records and where it ends."""
+
+    records: bytearray
+    last_index: int
+    last_term: int
+    end_pos: int
+    contiguous: bool  # every entry right after the one before it (else: the slow path)
+    raw: bytes | memoryview | None  # the received encoding, when it is exactly what we store
 
 
 class DLedgerMmapFileStore(DLedgerStore):
@@ -89,7 +104,7 @@ class DLedgerMmapFileStore(DLedgerStore):
         self.flush_service = FlushDataService(self)
         self._flush_task: asyncio.Task[None] | None = None
         self._clean_task: asyncio.Task[None] | None = None
-        self._ctx = f"group={config.group} selfId={config.self_id}"
+        self.log_ctx = f"group={config.group} selfId={config.self_id}"  # names this store in log lines
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
@@ -97,14 +112,36 @@ class DLedgerMmapFileStore(DLedgerStore):
         """Load the files and rebuild the ledger state (blocking; `start` runs it in a thread)."""
         if self._recovered:
             return
-        from dledger.store.mmap_recovery import recover  # recovery is its own module (size)
-
         os.makedirs(self.config.default_path(), exist_ok=True)
-        recover(self)
+        self._set_recovered_state(recover_files(self.data_file_list, self.index_file_list,
+                                                self.checkpoint_path, self.log_ctx))
         self._recovered = True
-        log.info("event=store_recovered %s begin=%d end=%d endTerm=%d committed=%d dataEnd=%d", self._ctx,
+        log.info("event=store_recovered %s begin=%d end=%d endTerm=%d committed=%d dataEnd=%d", self.log_ctx,
                  self.ledger_begin_index, self.ledger_end_index, self.ledger_end_term,
                  self.committed_index, self.data_file_list.max_wrote_position)
+
+    def _set_recovered_state(self, r: RecoveredLog) -> None:
+        """Ledger state from what recovery found (step 5 of `mmap_recovery`)."""
+        self.catchup_watermark = r.catchup_watermark
+        self.ledger_end_index = r.end_index
+        self.ledger_end_term = r.end_term
+        self.revise_ledger_begin_index()
+        if r.scan_start_pos is not None and self._data_begin_pos >= 0:
+            # Files before the scan start were not scanned (only the first one's first entry was):
+            # they are verified in the background after start (`verify`), and the member neither
+            # campaigns nor takes leadership until that is done.
+            self.unverified_region = r.scan_start_pos
+            self.verifying = True
+        self._flushed_index = r.end_index
+        committed = min(r.checkpoint_committed, r.end_index)  # what is left below it is committed
+        if committed >= 0 and self.ledger_begin_index <= committed:
+            self.committed_index = committed
+            p, s = self.get_entry_pos_and_size(committed)
+            self.committed_pos = p + s
+        elif 0 <= committed:
+            # The committed entry's file was deleted as expired: everything kept is above it.
+            self.committed_index = committed
+            self.committed_pos = self._data_begin_pos
 
     def clear_catchup_watermark(self) -> None:
         """The log has reached the catch-up watermark again: forget it, durably (blocking, once)."""
@@ -120,8 +157,6 @@ class DLedgerMmapFileStore(DLedgerStore):
         self._clean_task = asyncio.create_task(self.clean_space_service.run(),
                                                name=f"dledger-clean-{self.config.self_id}")
         if self.unverified_region is not None and self._verify_task is None:
-            from dledger.store.verify import verify_old_files
-
             self._verify_task = asyncio.create_task(verify_old_files(self),
                                                     name=f"dledger-verify-{self.config.self_id}")
 
@@ -150,7 +185,7 @@ class DLedgerMmapFileStore(DLedgerStore):
                                                          "store shut down before the flush"))
         self.data_file_list.close()
         self.index_file_list.close()
-        log.info("event=store_shutdown %s end=%d committed=%d", self._ctx, self.ledger_end_index,
+        log.info("event=store_shutdown %s end=%d committed=%d", self.log_ctx, self.ledger_end_index,
                  self.committed_index)
 
     def close_without_flush(self) -> None:
@@ -384,15 +419,27 @@ class DLedgerMmapFileStore(DLedgerStore):
         one copy into the map — `raw`, the run's exact encoding as received, written as-is — and one
         slice of index records; a run crossing a file end goes entry by entry (each pos checked,
         rolled back whole on failure)."""
-        n = len(entries)
-        if n == 0:
+        if not entries:
             return
         self._check_append(0)  # closed / disk full; body sizes are checked in the loop
+        run = self._validate_follower_run(entries, leader_term, leader_id, raw)
+        total = run.end_pos - entries[0].pos
+        dl = self.data_file_list
+        mf = dl.files[-1] if dl.files else None
+        if not run.contiguous or mf is None or mf.file_size - mf.wrote_pos < total + MIN_BLANK_LEN:
+            self._append_follower_run_slowly(entries, leader_id)
+            return
+        self._write_follower_run(mf, entries, run, leader_id)
+
+    def _validate_follower_run(self, entries: Sequence[DLedgerEntry], leader_term: int, leader_id: str,
+                               raw: bytes | memoryview | None) -> _FollowerRun:
+        """Check a follower run against our end and itself; stamp each entry's size and body CRC
+        and build its index records (written only once the data is)."""
         index = self.ledger_end_index + 1
         term = self.ledger_end_term
-        first_pos = pos = entries[0].pos
+        pos = entries[0].pos
         contiguous = True
-        records = bytearray(n * INDEX_UNIT_SIZE)  # built while validating; written only on success
+        records = bytearray(len(entries) * INDEX_UNIT_SIZE)
         pack_index = INDEX_RECORD.pack_into
         roff = 0
         for e in entries:
@@ -432,21 +479,22 @@ class DLedgerMmapFileStore(DLedgerStore):
         if raw is None:
             for e in entries:
                 self._check_encodable(e)  # channel / chainCrc must fit the header's int32 fields
-        total = pos - first_pos
+        return _FollowerRun(records, index - 1, term, pos, contiguous, raw)
+
+    def _write_follower_run(self, mf: MmapFile, entries: Sequence[DLedgerEntry], run: _FollowerRun,
+                            leader_id: str) -> None:
+        """A validated run that fits the current data file: one copy, one slice of index records."""
         dl = self.data_file_list
-        mf = dl.files[-1] if dl.files else None
-        if not contiguous or mf is None or mf.file_size - mf.wrote_pos < total + MIN_BLANK_LEN:
-            self._append_follower_run_slowly(entries, leader_id)
-            return
+        first_pos, first_index = entries[0].pos, entries[0].index
+        total = run.end_pos - first_pos
         off = mf.wrote_pos
         if mf.file_from_offset + off != first_pos:
-            raise DLedgerException(_E.DISK_ERROR, f"entry {entries[0].index} from leader {leader_id} is at "
+            raise DLedgerException(_E.DISK_ERROR, f"entry {first_index} from leader {leader_id} is at "
                                    f"pos {first_pos} but would land at local pos {mf.file_from_offset + off}")
-        first_index = entries[0].index
         mf.wrote_pos = off + total
         try:
-            if raw is not None and len(raw) == total:
-                mf.write(off, raw)
+            if run.raw is not None and len(run.raw) == total:
+                mf.write(off, run.raw)
             else:
                 buf = bytearray(total)
                 pack_header = HEADER.pack_into
@@ -458,12 +506,12 @@ class DLedgerMmapFileStore(DLedgerStore):
                     buf[o + BODY_OFFSET:o + size] = e.body
                     o += size
                 mf.write(off, buf)
-            self._append_index_records(records, first_index, first_pos)
+            self._append_index_records(run.records, first_index, first_pos)
         except BaseException:
             dl.truncate_offset(first_pos)
             raise
-        self.ledger_end_index = index - 1
-        self.ledger_end_term = term
+        self.ledger_end_index = run.last_index
+        self.ledger_end_term = run.last_term
         if self.ledger_begin_index == -1:
             self.ledger_begin_index = first_index
             self._data_begin_pos = first_pos
@@ -628,6 +676,10 @@ class DLedgerMmapFileStore(DLedgerStore):
         """Position of the first entry still stored (-1 when empty)."""
         return self._data_begin_pos
 
+    @property
+    def data_end_pos(self) -> int:
+        return self.data_file_list.max_wrote_position
+
     # ---- truncation and commit ------------------------------------------------------------------
 
     def truncate(self, entry: DLedgerEntry, leader_term: int, leader_id: str) -> int:
@@ -680,9 +732,9 @@ class DLedgerMmapFileStore(DLedgerStore):
                 self.ledger_begin_index = self.ledger_end_index = self.ledger_end_term = -1
                 self._data_begin_pos = -1
             else:
-                self.ledger_end_term = self._term_of(self.ledger_end_index)
+                self.ledger_end_term = self.term_of(self.ledger_end_index)
         else:
-            log.warning("event=store_rebuild %s index=%d pos=%d leader=%s term=%d", self._ctx, entry.index,
+            log.warning("event=store_rebuild %s index=%d pos=%d leader=%s term=%d", self.log_ctx, entry.index,
                         entry.pos, leader_id, leader_term)
             dl.rebuild_with_pos(entry.pos)
             il.rebuild_with_pos(entry.index * INDEX_UNIT_SIZE, use_blank=False)
@@ -696,14 +748,59 @@ class DLedgerMmapFileStore(DLedgerStore):
         self.flush_service.fail_waiters(
             DLedgerException(_E.INCONSISTENT_STATE, f"entry cut by truncate at {cut_index}"),
             above=self.ledger_end_index if existed else entry.index - 1)
-        log.info("event=store_truncated %s index=%d existed=%s end=%d leader=%s term=%d", self._ctx,
+        log.info("event=store_truncated %s index=%d existed=%s end=%d leader=%s term=%d", self.log_ctx,
                  entry.index, existed, self.ledger_end_index, leader_id, leader_term)
         return self.ledger_end_index
 
-    def _term_of(self, index: int) -> int:
+    def cut_corrupt_log(self, pos: int, last_index: int, reason: str) -> None:
+        """Cut the log at data position `pos` (right after entry `last_index`, which is good)
+        because the record at `pos` is corrupt (found by `verify` while running). Persists the
+        catch-up watermark first, tells the `corrupt_cut_listeners` (synchronously: nothing else
+        runs in between), then cuts."""
+        dl, il = self.data_file_list, self.index_file_list
+        old_end, committed = self.ledger_end_index, self.committed_index
+        if last_index >= old_end:
+            return  # nothing after the last good entry (the tail was cut meanwhile)
+        watermark = max(old_end, committed, self.catchup_watermark)
+        write_catchup_watermark(os.path.join(self.config.default_path(), CATCHUP_FILE), watermark)
+        self.catchup_watermark = watermark
+        for listener in list(self.corrupt_cut_listeners):
+            try:
+                listener(reason)
+            except Exception:
+                log.exception("event=corrupt_cut_listener_failed %s", self.log_ctx)
+        dl.truncate_offset(pos)
+        il.truncate_offset((last_index + 1) * INDEX_UNIT_SIZE if last_index >= 0 else -1)
+        self._truncate_epoch += 1  # a flush round that overlapped the cut must not over-report
+        if last_index < max(self.ledger_begin_index, 0):
+            self.ledger_begin_index = self.ledger_end_index = self.ledger_end_term = -1
+            self._data_begin_pos = -1
+        else:
+            self.ledger_end_index = last_index
+            self.ledger_end_term = self.term_of(last_index)
+        self._flushed_index = min(self._flushed_index, last_index)
+        self.flush_service.fail_waiters(
+            DLedgerException(_E.INCONSISTENT_STATE, f"entry cut as corrupt after {last_index}"),
+            above=last_index)
+        if committed > last_index:
+            self.committed_index = last_index
+            if last_index >= 0 and self.ledger_begin_index >= 0:
+                p, s = self.get_entry_pos_and_size(last_index)
+                self.committed_pos = p + s
+            else:
+                self.committed_pos = -1
+        log.error("event=committed_entries_cut %s lastGoodIndex=%d committed=%d oldEnd=%d "
+                  "catchUpWatermark=%d pos=%d detail=%s; re-fetching from the leader, not voting or "
+                  "campaigning until the log reaches the watermark", self.log_ctx, last_index, committed,
+                  old_end, watermark, pos, reason)
+
+    def term_of(self, index: int) -> int:
+        """Term of entry `index` from its index record (-1 when no index file holds it)."""
         ipos = index * INDEX_UNIT_SIZE
         imf = self.index_file_list.find_file(ipos)
-        return INDEX_RECORD.unpack_from(imf.mm, ipos - imf.file_from_offset)[4] if imf else -1
+        if imf is None:
+            return -1
+        return IndexRecord._make(INDEX_RECORD.unpack_from(imf.mm, ipos - imf.file_from_offset)).term
 
     def update_committed_index(self, term: int, committed_index: int) -> None:
         """DLedger's rules: ignore an older term, -1, a backwards move or one below begin; clamp to end."""
@@ -713,7 +810,7 @@ class DLedgerMmapFileStore(DLedgerStore):
         if committed_index == -1 or self.ledger_end_index == -1 or committed_index == self.committed_index:
             return
         if committed_index < self.committed_index or committed_index < self.ledger_begin_index:
-            log.warning("event=committed_index_ignored %s term=%d new=%d committed=%d begin=%d", self._ctx,
+            log.warning("event=committed_index_ignored %s term=%d new=%d committed=%d begin=%d", self.log_ctx,
                         term, committed_index, self.committed_index, self.ledger_begin_index)
             return
         committed_index = min(committed_index, self.ledger_end_index)
@@ -763,7 +860,7 @@ class DLedgerMmapFileStore(DLedgerStore):
 
     def set_disk_full(self, full: bool, ratio: float) -> None:
         if full != self._disk_full:
-            log.warning("event=disk_full_changed %s full=%s usedRatio=%.3f diskFullRatio=%.3f", self._ctx,
+            log.warning("event=disk_full_changed %s full=%s usedRatio=%.3f diskFullRatio=%.3f", self.log_ctx,
                         full, ratio, self.config.disk_full_ratio)
             self._disk_full = full
 
@@ -779,6 +876,6 @@ class DLedgerMmapFileStore(DLedgerStore):
         magic, length = BLANK.unpack_from(mf.mm, 0)
         if magic == BLANK_MAGIC_CODE:
             off = length
-        self.ledger_begin_index = HEADER.unpack_from(mf.mm, off)[2]
+        _, _, self.ledger_begin_index, *_ = HEADER.unpack_from(mf.mm, off)
         self._data_begin_pos = mf.file_from_offset + off
         self.index_file_list.delete_files_before(self.ledger_begin_index * INDEX_UNIT_SIZE)

@@ -18,8 +18,8 @@ It runs on the event loop in slices of `_SLICE_ENTRIES` records (a few milliseco
 slice sees a consistent list and cannot read a file that another task unmaps mid-read; between
 slices it re-reads the list (files deleted as expired are skipped, a rebuilt list ends the work).
 
-A bad record cuts the log right before it exactly like recovery cuts a committed entry
-(`cut_corrupt_log`): the catch-up watermark (the log end before the cut, or the committed index
+A bad record cuts the log right before it exactly like recovery cuts a committed entry (the
+store's `cut_corrupt_log`): the catch-up watermark (the log end before the cut, or the committed index
 or a persisted watermark if higher) is persisted first, `corrupt_cut_listeners` run (the elector
 steps down if this member leads; the entry handler answers parked pushes so the leader goes back
 to COMPARE at once), then data and index are cut and the ledger state moved back. The member is
@@ -31,17 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from dledger.codes import DLedgerException, DLedgerResponseCode
-from dledger.entry import INDEX_UNIT_SIZE
-from dledger.store.checkpoint import CATCHUP_FILE, write_catchup_watermark
+from dledger.store.file_list import MmapFileList
 from dledger.store.mmap_recovery import ScanState, scan_entries
-
-if TYPE_CHECKING:
-    from dledger.store.mmap_store import DLedgerMmapFileStore
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +44,26 @@ log = logging.getLogger(__name__)
 _SLICE_ENTRIES = 1000
 
 
-async def verify_old_files(store: DLedgerMmapFileStore, stop_pos: int | None = None) -> bool:
+class VerifiedStore(Protocol):
+    """What the verification reads and calls (the mmap store)."""
+
+    data_file_list: MmapFileList
+    index_file_list: MmapFileList
+    unverified_region: int | None
+    verifying: bool
+    ledger_begin_index: int
+    ledger_end_index: int
+    committed_index: int
+    log_ctx: str
+
+    @property
+    def data_begin_pos(self) -> int: ...
+    def get_entry_pos_and_size(self, index: int) -> tuple[int, int]: ...
+    def term_of(self, index: int) -> int: ...
+    def cut_corrupt_log(self, pos: int, last_index: int, reason: str) -> None: ...
+
+
+async def verify_old_files(store: VerifiedStore, stop_pos: int | None = None) -> bool:
     """Verify `store`'s unscanned region (set by recovery) — or, given `stop_pos`, a running
     store's data from its first entry up to that data position (a check after a suspected disk
     fault) — and cut the log at the first bad record. Returns True when the region checked out
@@ -66,7 +79,7 @@ async def verify_old_files(store: DLedgerMmapFileStore, stop_pos: int | None = N
         return True
     stop_pos = region
     dl = store.data_file_list
-    ctx = store._ctx
+    ctx = store.log_ctx
     begin_pos = store.data_begin_pos
     files = sum(1 for mf in dl.files if mf.file_from_offset < stop_pos)
     total = stop_pos - max(begin_pos, 0)
@@ -84,7 +97,8 @@ async def verify_old_files(store: DLedgerMmapFileStore, stop_pos: int | None = N
             if st.pos < store.data_begin_pos:
                 # Old files were deleted as expired while we yielded: go on from the new first entry.
                 st = ScanState(store.data_begin_pos, scanned_bytes=st.scanned_bytes)
-            scan_entries(store, st, store.committed_index, stop_pos=stop_pos, max_entries=_SLICE_ENTRIES)
+            scan_entries(dl, store.index_file_list, st, store.committed_index, stop_pos=stop_pos,
+                         max_entries=_SLICE_ENTRIES)
             if st.done:
                 break
             await asyncio.sleep(0)
@@ -94,14 +108,13 @@ async def verify_old_files(store: DLedgerMmapFileStore, stop_pos: int | None = N
             # recovery's scan, or appended since) sits right at the stop and does not go back in term.
             nxt = st.last_index + 1
             npos = store.get_entry_pos_and_size(nxt)[0]
-            nterm = store._term_of(nxt)
+            nterm = store.term_of(nxt)
             if npos != st.pos or nterm < st.last_term:
                 st.reason = (f"entry {st.last_index} (term {st.last_term}) ends at pos {st.pos}, but entry "
                              f"{nxt} sits at pos {npos} (term {nterm})")
         if st.reason:
             result = "corrupt"
-            cut_corrupt_log(store, st.pos, st.last_index,
-                            f"verification of the older data files: {st.reason}")
+            store.cut_corrupt_log(st.pos, st.last_index, f"verification of the older data files: {st.reason}")
     except asyncio.CancelledError:
         result = "cancelled"  # the store is shutting down
         raise
@@ -116,44 +129,3 @@ async def verify_old_files(store: DLedgerMmapFileStore, stop_pos: int | None = N
         log.info("event=old_files_verify_end %s files=%d bytes=%d verifiedBytes=%d seconds=%.3f result=%s",
                  ctx, files, total, st.scanned_bytes, time.monotonic() - t0, result)
     return result in ("ok", "gone")
-
-
-def cut_corrupt_log(store: DLedgerMmapFileStore, pos: int, last_index: int, reason: str) -> None:
-    """Cut `store`'s log at data position `pos` (right after entry `last_index`, which is good)
-    because the record at `pos` is corrupt. Persists the catch-up watermark first, tells the
-    `corrupt_cut_listeners` (synchronously: nothing else runs in between), then cuts."""
-    dl, il = store.data_file_list, store.index_file_list
-    old_end, committed = store.ledger_end_index, store.committed_index
-    if last_index >= old_end:
-        return  # nothing after the last good entry (the tail was cut meanwhile)
-    watermark = max(old_end, committed, store.catchup_watermark)
-    write_catchup_watermark(os.path.join(store.config.default_path(), CATCHUP_FILE), watermark)
-    store.catchup_watermark = watermark
-    for listener in list(store.corrupt_cut_listeners):
-        try:
-            listener(reason)
-        except Exception:
-            log.exception("event=corrupt_cut_listener_failed %s", store._ctx)
-    dl.truncate_offset(pos)
-    il.truncate_offset((last_index + 1) * INDEX_UNIT_SIZE if last_index >= 0 else -1)
-    store._truncate_epoch += 1  # a flush round that overlapped the cut must not over-report
-    if last_index < max(store.ledger_begin_index, 0):
-        store.ledger_begin_index = store.ledger_end_index = store.ledger_end_term = -1
-        store._data_begin_pos = -1
-    else:
-        store.ledger_end_index = last_index
-        store.ledger_end_term = store._term_of(last_index)
-    store.set_flushed_index(min(store.flushed_index, last_index))
-    store.flush_service.fail_waiters(
-        DLedgerException(DLedgerResponseCode.INCONSISTENT_STATE, f"entry cut as corrupt after {last_index}"),
-        above=last_index)
-    if committed > last_index:
-        store.committed_index = last_index
-        if last_index >= 0 and store.ledger_begin_index >= 0:
-            p, s = store.get_entry_pos_and_size(last_index)
-            store.committed_pos = p + s
-        else:
-            store.committed_pos = -1
-    log.error("event=committed_entries_cut %s lastGoodIndex=%d committed=%d oldEnd=%d catchUpWatermark=%d "
-              "pos=%d detail=%s; re-fetching from the leader, not voting or campaigning until the log "
-              "reaches the watermark", store._ctx, last_index, committed, old_end, watermark, pos, reason)
