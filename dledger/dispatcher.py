@@ -212,7 +212,9 @@ class EntryDispatcher:
                 await asyncio.sleep(_NETWORK_BACKOFF_S)
                 continue
             if resp.end_index < 0:
-                match, truncate_needed = -1, False
+                # An empty follower: stream from our first entry; past retention (our log no longer
+                # starts at 0) it is first made to start where we do, with TRUNCATE.
+                match, truncate_needed = max(store.ledger_begin_index, 0) - 1, store.ledger_begin_index > 0
                 break
             if resp.end_index < store.ledger_begin_index or resp.begin_index > store.ledger_end_index:
                 compare_index = -1

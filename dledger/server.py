@@ -124,6 +124,7 @@ class DLedgerServer:
         self.elector.internal_handlers.append(self.pusher.on_role_change)
         self.elector.internal_handlers.append(self._on_role_change)
         self._callers: list[StateMachineCaller] = []
+        self.store.set_retention_floor(self._retention_floor)
         self.started = False
         self._stopping = False
         self._noop_term = -1  # the leader term whose no-op is in our log
@@ -144,6 +145,11 @@ class DLedgerServer:
         self._callers.append(caller)
         if self.started:
             caller.start()
+
+    def _retention_floor(self) -> int | None:
+        """The lowest entry any state machine still needs in the log (None: none asks)."""
+        floors = [f for c in self._callers if (f := c.retained_from_index()) is not None]
+        return min(floors, default=None)
 
     def _on_commit(self) -> None:
         for c in self._callers:

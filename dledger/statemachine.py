@@ -33,6 +33,12 @@ class StateMachine(ABC):
     def last_applied_index(self) -> int:
         """Highest index this machine has applied (-1 for none): where the caller resumes."""
 
+    def retained_from_index(self) -> int | None:
+        """The lowest index whose entry this machine still needs in the log (a machine that keeps
+        state in the log itself, re-written ahead of retention); expiry never deletes it or
+        anything after it. None (the default): no requirement beyond the commit index."""
+        return None
+
     async def on_shutdown(self) -> None:  # noqa: B027 - optional hook
         """The server is stopping (after the last on_apply)."""
 
@@ -56,6 +62,10 @@ class StateMachineCaller:
     def on_commit(self) -> None:
         """Called whenever the committed index may have moved."""
         self._wake.set()
+
+    def retained_from_index(self) -> int | None:
+        """The machine's retention floor (see `StateMachine.retained_from_index`)."""
+        return self.machine.retained_from_index()
 
     async def _run(self) -> None:
         while True:

@@ -15,6 +15,9 @@ from dledger.entry import DLedgerEntry
 AppendHook = Callable[[DLedgerEntry, memoryview, int], None]
 """hook(entry, writable view of the encoded entry, BODY_OFFSET): runs before the bytes are written."""
 
+RetentionFloor = Callable[[], int | None]
+"""floor() -> the lowest index whose entry must stay in the log (None: no requirement)."""
+
 CorruptCutListener = Callable[[str], None]
 """listener(reason): a corrupt log found while running is about to be cut (see `corrupt_cut_listeners`)."""
 
@@ -49,9 +52,16 @@ class DLedgerStore(ABC):
     # steps down, the entry handler answers parked pushes (stores that never cut keep it empty).
     corrupt_cut_listeners: list[CorruptCutListener]
 
+    retention_floor: RetentionFloor | None = None
+
     def add_append_hook(self, hook: AppendHook) -> None:
         """Register a hook called with each leader-appended entry before it is written."""
         self.append_hooks.append(hook)
+
+    def set_retention_floor(self, floor: RetentionFloor) -> None:
+        """Expiry (retention, disk-space cleaning) never deletes the entry `floor()` names, nor
+        any after it. The server sets it from its state machines (`StateMachine.retained_from_index`)."""
+        self.retention_floor = floor
 
     def recover(self) -> None:  # noqa: B027 - stores without files have nothing to recover
         """Load the files and rebuild the ledger state (blocking; `start` does it when not done).

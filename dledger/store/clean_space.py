@@ -4,8 +4,9 @@ Every 100 ms: compute the used ratio of the disk holding the store dir; above `d
 the store refuses appends (DISK_FULL). At a `deleteWhen` hour, or above
 `diskSpaceRatioToCheckExpired`, data files older than `fileReservedHours` (by mtime) are deleted;
 above `diskSpaceRatioToForceClean` (and with `enableDiskForceClean`) regardless of age. Only files
-wholly at or below the committed position go, the last file and one holding data always stay, and the
-begin index is revised afterwards.
+wholly at or below the committed position go — and below the store's retention floor, the first
+entry a state machine still needs (`StateMachine.retained_from_index`) — the last file and one
+holding data always stay, and the begin index is revised afterwards.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class CleanedStore(Protocol):
     committed_pos: int
     ledger_begin_index: int
 
+    def retention_limit_pos(self) -> int: ...
     def set_disk_full(self, full: bool, ratio: float) -> None: ...
     def revise_ledger_begin_index(self) -> None: ...
 
@@ -58,11 +60,13 @@ class CleanSpaceService:
         hours = {h.strip() for h in cfg.delete_when.split(";") if h.strip()}
         time_up = time.strftime("%H", time.localtime(now)) in hours
         force = cfg.enable_disk_force_clean and ratio > cfg.disk_space_ratio_to_force_clean
-        if not (time_up or force or ratio > cfg.disk_space_ratio_to_check_expired) or store.committed_pos < 0:
+        if not (time_up or force or ratio > cfg.disk_space_ratio_to_check_expired):
+            return 0
+        limit = store.retention_limit_pos()
+        if limit < 0:
             return 0
         count = store.data_file_list.delete_expired_files(
-            cfg.file_reserved_hours * 3600 * 1000, int(now * 1000), force=force,
-            max_end_offset=store.committed_pos)
+            cfg.file_reserved_hours * 3600 * 1000, int(now * 1000), force=force, max_end_offset=limit)
         if count:
             store.revise_ledger_begin_index()
             log.info("event=expired_files_deleted group=%s selfId=%s count=%d usedRatio=%.3f force=%s "

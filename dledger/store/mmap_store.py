@@ -864,6 +864,16 @@ class DLedgerMmapFileStore(DLedgerStore):
                         full, ratio, self.config.disk_full_ratio)
             self._disk_full = full
 
+    def retention_limit_pos(self) -> int:
+        """Data files ending at or below this position may be deleted: the committed position, or
+        the start of the entry `retention_floor()` names when that is lower (-1: none may go)."""
+        limit = self.committed_pos
+        floor = self.retention_floor() if self.retention_floor is not None else None
+        if floor is not None and floor <= self.ledger_end_index:
+            limit = min(limit, self.get_entry_pos_and_size(floor)[0] if floor >= self.ledger_begin_index
+                        else self._data_begin_pos)
+        return limit
+
     def revise_ledger_begin_index(self) -> None:
         """Begin index/pos from the first data file's first entry; drop index files below it."""
         dl = self.data_file_list
