@@ -102,6 +102,8 @@ class DLedgerLeaderElector:
         self.leader_since = 0.0
         self.next_heartbeat_time = 0.0
         self.peer_last_ack: dict[str, float] = {}
+        # peer answered one of our heartbeats (the server lets a backing-off dispatcher know).
+        self.heartbeat_ack_listeners: list[Callable[[str], None]] = []
         self.next_preferred_check = 0.0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -394,6 +396,8 @@ class DLedgerLeaderElector:
             return
         if resp.code == DLedgerResponseCode.SUCCESS:
             self.on_peer_ack(peer)
+            for listener in self.heartbeat_ack_listeners:
+                listener(peer)
         elif resp.term > self.ms.curr_term:
             self.on_higher_term(resp.term, f"heartbeat answer of {peer}")
         elif resp.code == DLedgerResponseCode.INCONSISTENT_LEADER and self.ms.curr_term == term:

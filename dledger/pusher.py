@@ -234,6 +234,12 @@ class DLedgerEntryPusher:
     def pending_count(self) -> int:
         return len(self.pending)
 
+    def on_peer_alive(self, peer: str) -> None:
+        """`peer` answered a heartbeat: a dispatcher backing off from it probes now."""
+        d = self.dispatchers.get(peer)
+        if d is not None:
+            d.on_peer_alive()
+
     # -- events from the dispatchers -------------------------------------------------------
     def notify_higher_term(self, term: int, source: str) -> None:
         """A follower answered with a higher term: we are no longer its leader."""

@@ -116,6 +116,7 @@ class DLedgerServer:
         # Events between the parts (none of them knows the others' classes):
         self.pusher.higher_term_listeners.append(self.elector.on_higher_term)
         self.pusher.peer_ack_listeners.append(self.elector.on_peer_ack)
+        self.elector.heartbeat_ack_listeners.append(self.pusher.on_peer_alive)
         self.pusher.commit_listeners.append(self._on_commit)
         # A corrupt log cut while running: a leader steps down first, then parked pushes are
         # answered so the leader re-COMPAREs at once.

@@ -9,6 +9,7 @@ seeded RNG and the (virtual) clock, so a seed replays exactly.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 import selectors
@@ -16,11 +17,14 @@ from typing import Any
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.rpc.protocol import (
+    FRAME_HEAD,
     KIND_REQUEST,
     KIND_RESPONSE,
     RequestOrResponse,
     RpcService,
+    decode_frame_body,
     dispatch,
+    encode_frame,
     error_response,
     roundtrip,
 )
@@ -75,6 +79,8 @@ class MemoryNetwork:
         self._partition: dict[str, int] | None = None
         self.delivered = 0
         self.dropped = 0
+        # Request bytes put on the wire per (src, dst), delivered or not.
+        self.sent_bytes: collections.Counter[tuple[str, str]] = collections.Counter()
 
     def partition(self, groups: list[list[str]]) -> None:
         """Only members in the same group can talk; members not listed are isolated."""
@@ -101,11 +107,13 @@ class MemoryNetwork:
         """Deliver `req` to `dst` (maybe twice, maybe never) and route its response back to `fut`."""
         loop = asyncio.get_running_loop()
         copies = 2 if self.dup_rate > 0 and self.rng.random() < self.dup_rate else 1
+        frame = encode_frame(KIND_REQUEST, 0, req)
         for _ in range(copies):
+            self.sent_bytes[(src, dst)] += len(frame)  # what src put on the wire, delivered or not
             if not self.can_talk(src, dst) or self._lost():
                 self.dropped += 1
                 continue
-            wire = roundtrip(req, KIND_REQUEST)
+            wire = decode_frame_body(KIND_REQUEST, req.request_code, memoryview(frame)[FRAME_HEAD.size:])
             loop.call_later(self._delay(), self._deliver, src, dst, wire, fut)
 
     def _deliver(self, src: str, dst: str, req: RequestOrResponse, fut: asyncio.Future[Any]) -> None:

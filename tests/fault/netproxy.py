@@ -13,7 +13,7 @@ Control: one JSON object per line on the control port, one JSON reply line:
   {"cmd": "set", "link": "n0->n1", "forward": "block", "backward": "pass"}
   {"cmd": "heal"}                       every direction of every link back to pass
   {"cmd": "reset", "link": "n0->n1"}    close that link's connections
-  {"cmd": "stats"}                      bytes passed/dropped per link
+  {"cmd": "stats"}                      bytes passed/dropped per link (and dropped per direction)
 Start: python -m tests.fault.netproxy --control-port P --link n0->n1=LISTEN:TARGET ...
 Prints `READY` on stdout once every port listens.
 """
@@ -60,6 +60,7 @@ class Link:
     conns: set[Conn] = field(default_factory=set)
     passed: int = 0
     dropped: int = 0
+    dropped_by_direction: dict[str, int] = field(default_factory=lambda: {"forward": 0, "backward": 0})
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Accept a connection from `src`, connect to `dst`, pump both ways."""
@@ -87,6 +88,7 @@ class Link:
                     break
                 if getattr(self, direction) == BLOCK:
                     self.dropped += len(data)
+                    self.dropped_by_direction[direction] += len(data)
                     conn.poisoned = True
                     continue
                 self.passed += len(data)
@@ -143,6 +145,8 @@ class Proxy:
         if cmd == "stats":
             return {"ok": True, "links": {n: {"forward": lk.forward, "backward": lk.backward,
                                               "passed": lk.passed, "dropped": lk.dropped,
+                                              "dropped_forward": lk.dropped_by_direction["forward"],
+                                              "dropped_backward": lk.dropped_by_direction["backward"],
                                               "conns": len(lk.conns)} for n, lk in self.links.items()}}
         raise ValueError(f"unknown command {cmd!r}")
 

@@ -194,6 +194,51 @@ async def test_row06_one_way_link(tmp_path: Path) -> None:
     assert report["extra"]["term_at_heal"] - report["extra"]["term_before"] <= 2, brief(report)
 
 
+# -- row 17 ------------------------------------------------------------------------------------------
+# A push window this workload fills within a second of the cut: 2 batches of 16 KiB in flight (the
+# defaults, 32 x 1 MiB, would take a far heavier load to fill, and so to tell backoff from resends).
+SMALL_PUSH_WINDOW = {"max_pending_push_batches": 2, "max_batch_push_size": 16 * 1024}
+
+
+@fault
+async def test_row17_partitioned_follower_push_backoff(tmp_path: Path) -> None:
+    """A follower cut off for 10 s: the leader backs off (one-entry probes, exponential backoff)
+    instead of resending its whole push window every push timeout, so the bytes it sends towards
+    the follower during the cut stay under 2x one push window; after the heal the follower is
+    caught up within seconds."""
+    window = SMALL_PUSH_WINDOW["max_pending_push_batches"] * SMALL_PUSH_WINDOW["max_batch_push_size"]
+
+    async def nemesis(ctx: Ctx) -> None:
+        await ctx.sleep(1)
+        leader = await ctx.cluster.wait_leader()
+        follower = next(m for m in ctx.cluster.members if m is not leader)
+        link = f"{leader.name}->{follower.name}"
+        before = (await ctx.cluster.proxy_stats())[link]["dropped_forward"]
+        await ctx.cluster.isolate(follower.name)
+        await asyncio.sleep(10)
+        cut_bytes = (await ctx.cluster.proxy_stats())[link]["dropped_forward"] - before
+        await ctx.cluster.heal()
+        healed = time.monotonic()
+        target = ((await ctx.cluster.status(leader, 2.0)) or {}).get("dledger", {}).get("ledgerEndIndex", 0)
+        caught_up = None
+        while time.monotonic() - healed < 15:
+            st = await ctx.cluster.status(follower)
+            if st and st["dledger"]["committedIndex"] >= target:
+                caught_up = round(time.monotonic() - healed, 2)
+                break
+            await asyncio.sleep(0.05)
+        ctx.extra.update(leader=leader.name, follower=follower.name, cut_bytes=cut_bytes, window=window,
+                         catch_up_s=caught_up, target_index=target)
+        await ctx.sleep(ctx.remaining())
+
+    report = await run_scenario("row17_push_backoff", 17, tmp_path, nemesis, duration_s=14,
+                                cluster_kwargs={"dledger_overrides": SMALL_PUSH_WINDOW})
+    assert_safe(report, new_master=False)  # the leader keeps its majority
+    extra = report["extra"]
+    assert extra["cut_bytes"] < 2 * window, brief(report)
+    assert extra["catch_up_s"] is not None and extra["catch_up_s"] < 5, brief(report)
+
+
 # -- row 7 -------------------------------------------------------------------------------------------
 async def power_loss_and_pause(ctx: Ctx) -> None:
     while ctx.remaining() > 4:

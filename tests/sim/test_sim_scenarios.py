@@ -192,3 +192,43 @@ def test_state_machines_apply_committed_entries_in_order_on_every_member_and_res
         assert [b for _, b in expected if b] == [b"a", b"b", b"c", b"d"]
 
     run(body)
+
+
+def test_leader_backs_off_from_a_cut_off_follower_and_resumes_at_once_when_it_returns() -> None:
+    """A follower unreachable for 10 s costs the leader at most the push window it had in flight
+    plus one-entry probes with exponential backoff (etcd raft's probe state), not a resend of the
+    window every push timeout; once the follower answers heartbeats again it is caught up within a
+    heartbeat interval and a push round trip."""
+
+    async def body(c: SimCluster) -> None:
+        leader = await wait_leader(c)
+        follower = next(m for m in c.members.values() if m is not leader)
+        others = [m.member_id for m in c.members.values() if m is not follower]
+        cfg = leader.config
+        link = (leader.member_id, follower.member_id)
+
+        async def load(seconds: float) -> None:
+            for _ in range(int(seconds / 0.02)):
+                c.client_append(8)
+                await asyncio.sleep(0.02)
+
+        await load(1.0)
+        c.network.partition([others, [follower.member_id]])
+        before = c.network.sent_bytes[link]
+        await load(10.0)
+        cut_bytes = c.network.sent_bytes[link] - before
+        # One window: every batch in flight at once, each as full as this load makes it.
+        largest = max(len(leader.store.get(i).body) for i in range(1, leader.store.ledger_end_index + 1))
+        window = cfg.max_pending_push_batches * cfg.max_batch_push_count * (largest + 48 + 64)
+        assert cut_bytes < 2 * window, (cut_bytes, window)
+        c.network.heal()
+        healed = asyncio.get_running_loop().time()
+        end = leader.store.ledger_end_index
+        for _ in range(40):  # 2 s: a heartbeat interval (300 ms), a probe and a full pipeline
+            await asyncio.sleep(0.05)
+            if follower.store.ledger_end_index >= end:
+                break
+        took = asyncio.get_running_loop().time() - healed
+        assert follower.store.ledger_end_index >= end, (follower.store.ledger_end_index, end, took)
+
+    run(body)
