@@ -151,6 +151,7 @@ KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "preferredLeaderIds": ("preferred_leader_ids", _str),
     "preferredLeaderId": ("preferred_leader_ids", _str),  # RocketMQ 4.x spelling
     "enableBatchPush": ("enable_batch_push", _bool),
+    "maxPendingRequestsNum": ("max_pending_requests_num", _pos_int),  # DLedger's; entries, not calls
     "autoCreateTopicEnable": ("auto_create_topic_enable", _bool),
     "defaultTopicQueueNums": ("default_topic_queue_nums", _pos_int),
     "maxMessageSize": ("max_message_size", _pos_int),
@@ -225,6 +226,7 @@ class BrokerConfig:
     dledger_self_id: str = ""
     preferred_leader_ids: str = ""
     enable_batch_push: bool = True
+    max_pending_requests_num: int = 10_000  # entries the master may hold uncommitted (LEADER_PENDING_FULL)
     auto_create_topic_enable: bool = True
     default_topic_queue_nums: int = 8
     max_message_size: int = 4 * 1024 * 1024
@@ -302,6 +304,7 @@ class BrokerConfig:
             disk_space_ratio_to_force_clean=self.disk_space_clean_forcibly_ratio / 100,
             preferred_leader_ids=self.preferred_leader_ids or None,
             enable_batch_push=self.enable_batch_push,
+            max_pending_requests_num=self.max_pending_requests_num,
             flush_disk_type=self.flush_disk_type,
         )
 

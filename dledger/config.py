@@ -40,7 +40,7 @@ class DLedgerConfig:
 
     peer_push_throttle_point: int = 300 * 1024 * 1024
     peer_push_quota: int = 20 * 1024 * 1024
-    max_pending_requests_num: int = 10000
+    max_pending_requests_num: int = 10000  # entries appended and not committed yet (DLedger: futures)
     max_wait_ack_time_ms: int = 2500
     max_push_time_out_ms: int = 1000
     enable_leader_elector: bool = True

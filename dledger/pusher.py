@@ -231,8 +231,10 @@ class DLedgerEntryPusher:
         return fut
 
     @property
-    def pending_count(self) -> int:
-        return len(self.pending)
+    def pending_entries(self) -> int:
+        """Entries appended as leader and not committed yet (what `maxPendingRequestsNum` bounds)."""
+        store = self.store
+        return max(store.ledger_end_index - max(store.committed_index, store.ledger_begin_index - 1), 0)
 
     def on_peer_alive(self, peer: str) -> None:
         """`peer` answered a heartbeat: a dispatcher backing off from it probes now."""

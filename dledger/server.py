@@ -1,9 +1,9 @@
 """`DLedgerServer`: one member of a DLedger group, and the API the broker and clients call.
 
 Start order (DLedger's): store (load + recover) → RPC service → entry pusher → leader elector.
-`append(bodies)` is the leader's write path: check role / transfer / pending limit / disk, append
-as leader in the current term, register one future for the batch's last index, and return once
-the quorum checker has committed it.
+`append(bodies)` is the leader's write path: check role / transfer / pending limit (entries not yet
+committed, `max_pending_requests_num`) / disk, append as leader in the current term, register one
+future for the batch's last index, and return once the quorum checker has committed it.
 """
 
 from __future__ import annotations
@@ -282,9 +282,14 @@ class DLedgerServer:
             raise DLedgerException(
                 DLedgerResponseCode.LEADER_TRANSFERRING, f"transferring to {ms.transferee}"
             )
-        if self.pusher.pending_count >= self.config.max_pending_requests_num:
+        pending, limit = self.pusher.pending_entries, self.config.max_pending_requests_num
+        if pending and pending + len(bodies) > limit:
+            # Counted in entries (a batch of 1,000 is 1,000 entries); a batch larger than the whole
+            # limit still goes in when nothing is pending, so it is never refused for ever.
             raise DLedgerException(
-                DLedgerResponseCode.LEADER_PENDING_FULL, f"{self.pusher.pending_count} appends pending"
+                DLedgerResponseCode.LEADER_PENDING_FULL,
+                f"{pending} entries wait for a quorum; {len(bodies)} more would pass maxPendingRequestsNum "
+                f"{limit}",
             )
         refusal = self.write_refusal()
         if refusal is not None:

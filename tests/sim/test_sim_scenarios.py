@@ -232,3 +232,33 @@ def test_leader_backs_off_from_a_cut_off_follower_and_resumes_at_once_when_it_re
         assert follower.store.ledger_end_index >= end, (follower.store.ledger_end_index, end, took)
 
     run(body)
+
+
+def test_leader_refuses_appends_past_max_pending_entries_counted_in_entries() -> None:
+    """LEADER_PENDING_FULL (DLedger's maxPendingRequestsNum) counts entries waiting for a quorum,
+    not append calls: one pending batch of 15 leaves room for 5 more entries under a limit of 20."""
+
+    async def body(c: SimCluster) -> None:
+        leader = await wait_leader(c)
+        server = leader.server
+        assert server is not None
+        server.config.max_pending_requests_num = 20
+        await server.append([b"warm-up"])  # the leader's no-op and this are committed: none pending
+        others = [m.member_id for m in c.members.values() if m is not leader]
+        c.network.partition([[leader.member_id], others])  # nothing commits while cut off
+        first = asyncio.get_running_loop().create_task(server.append([b"a"] * 15))
+        await asyncio.sleep(0)  # appended, waiting for a quorum: 15 entries pending, one call
+        with pytest.raises(DLedgerException) as refused:
+            await server.append([b"b"] * 10)
+        assert refused.value.code == DLedgerResponseCode.LEADER_PENDING_FULL
+        second = asyncio.get_running_loop().create_task(server.append([b"c"] * 5))  # 20: fits
+        await asyncio.sleep(0)
+        with pytest.raises(DLedgerException) as refused:
+            await server.append([b"d"])
+        assert refused.value.code == DLedgerResponseCode.LEADER_PENDING_FULL
+        c.network.heal()  # within the election timeout: the leader keeps leading
+        assert len(await first) == 15 and len(await second) == 5
+        big = await server.append([b"e"] * 30)  # larger than the whole limit, nothing pending: admitted
+        assert len(big) == 30
+
+    run(body)

@@ -47,6 +47,18 @@ def test_rocketmq_file_loads_with_one_warning_per_unimplemented_key(tmp_path, ca
     assert dc.disk_space_ratio_to_check_expired == 0.80 and dc.sync_flush
 
 
+def test_max_pending_requests_num_reaches_the_dledger_config(tmp_path):
+    p = tmp_path / "b.conf"
+    p.write_text("brokerName=a\nmaxPendingRequestsNum=2000\n")
+    cfg = load_broker_config(str(p))
+    assert cfg.max_pending_requests_num == 2000
+    assert cfg.to_dledger_config().max_pending_requests_num == 2000
+    p.write_text("brokerName=a\nmaxPendingRequestsNum=0\n")
+    with pytest.raises(ConfigError) as ei:
+        load_broker_config(str(p))
+    assert ei.value.key == "maxPendingRequestsNum"
+
+
 def test_typo_refused_with_file_line_and_nearest_key(tmp_path):
     p = tmp_path / "b.conf"
     p.write_text("brokerName=a\nlistenPrt=1234\n")
