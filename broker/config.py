@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dledger.config import DLedgerConfig, parse_peers
+from dledger.rpc.auth import load_peer_keys
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,8 @@ KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "preferredLeaderId": ("preferred_leader_ids", _str),  # RocketMQ 4.x spelling
     "enableBatchPush": ("enable_batch_push", _bool),
     "maxPendingRequestsNum": ("max_pending_requests_num", _pos_int),  # DLedger's; entries, not calls
+    "peerSecretFile": ("peer_secret_file", _path),  # DLedger peer authentication (dledger/rpc/auth.py)
+    "peerHandshakeTimeoutMs": ("peer_handshake_timeout_ms", _pos_int),
     "autoCreateTopicEnable": ("auto_create_topic_enable", _bool),
     "defaultTopicQueueNums": ("default_topic_queue_nums", _pos_int),
     "maxMessageSize": ("max_message_size", _pos_int),
@@ -227,6 +230,8 @@ class BrokerConfig:
     preferred_leader_ids: str = ""
     enable_batch_push: bool = True
     max_pending_requests_num: int = 10_000  # entries the master may hold uncommitted (LEADER_PENDING_FULL)
+    peer_secret_file: str = ""  # the set's shared keys for DLedger peer links; "" = no peer authentication
+    peer_handshake_timeout_ms: int = 5000
     auto_create_topic_enable: bool = True
     default_topic_queue_nums: int = 8
     max_message_size: int = 4 * 1024 * 1024
@@ -279,6 +284,11 @@ class BrokerConfig:
             for pid in (p for p in self.preferred_leader_ids.split(";") if p.strip()):
                 if pid.strip() not in peers:
                     raise ConfigError(self.source, "preferredLeaderIds", f"{pid!r} is not in dLegerPeers")
+            if self.peer_secret_file:
+                try:
+                    load_peer_keys(self.peer_secret_file)
+                except ValueError as exc:
+                    raise ConfigError(self.source, "peerSecretFile", str(exc)) from None
 
     @property
     def disk_full_ratio(self) -> float:
@@ -306,6 +316,8 @@ class BrokerConfig:
             enable_batch_push=self.enable_batch_push,
             max_pending_requests_num=self.max_pending_requests_num,
             flush_disk_type=self.flush_disk_type,
+            peer_secret_file=self.peer_secret_file or None,
+            peer_handshake_timeout_ms=self.peer_handshake_timeout_ms,
         )
 
 

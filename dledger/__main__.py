@@ -24,6 +24,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--flush-disk-type", default="ASYNC_FLUSH", choices=("ASYNC_FLUSH", "SYNC_FLUSH"))
     p.add_argument("--preferred-leader-ids", default=None)
     p.add_argument("--data-file-size", type=int, default=None, help="mappedFileSizeForEntryData in bytes")
+    p.add_argument("--max-pending-requests-num", type=int, default=None,
+                   help="entries the leader holds uncommitted before LEADER_PENDING_FULL (10000)")
+    p.add_argument("--peer-secret-file", default=None,
+                   help="authenticate peer connections with the group's shared keys in this file (mode 600)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -37,9 +41,12 @@ def build_config(args: argparse.Namespace) -> DLedgerConfig:
         store_type=args.store_type,
         flush_disk_type=args.flush_disk_type,
         preferred_leader_ids=args.preferred_leader_ids,
+        peer_secret_file=args.peer_secret_file,
     )
     if args.data_file_size:
         cfg.mapped_file_size_for_entry_data = args.data_file_size
+    if args.max_pending_requests_num is not None:
+        cfg.max_pending_requests_num = args.max_pending_requests_num
     cfg.validate()
     return cfg
 

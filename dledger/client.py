@@ -20,6 +20,7 @@ from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.config import parse_peers
 from dledger.entry import DLedgerEntry
 from dledger.member_state import Role
+from dledger.rpc.auth import PeerAuth
 from dledger.rpc.protocol import (
     AppendEntryRequest,
     AppendEntryResponse,
@@ -42,12 +43,15 @@ _RETRY_PAUSE_S = 0.05
 class DLedgerClient:
     """Client of one DLedger group (`peers` as `n0-host:port;...` or a dict)."""
 
-    def __init__(self, group: str, peers: str | dict[str, str], *, timeout_s: float = 5.0) -> None:
+    def __init__(self, group: str, peers: str | dict[str, str], *, timeout_s: float = 5.0,
+                 peer_secret_file: str | None = None) -> None:
         self.group = group
         self.peers = parse_peers(peers) if isinstance(peers, str) else dict(peers)
         self.timeout_s = timeout_s
         self.client_id = f"client-{os.getpid()}-{id(self):x}"
-        self.rpc = TcpRpcService(group, self.client_id, self.peers, listen=False)
+        # A group whose members authenticate peers takes clients holding the same secret.
+        auth = PeerAuth.from_file(group, self.client_id, peer_secret_file) if peer_secret_file else None
+        self.rpc = TcpRpcService(group, self.client_id, self.peers, listen=False, auth=auth)
         self.leader_id: str | None = None
         self._rr = itertools.cycle(list(self.peers))
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from dledger.rpc.auth import PeerAuth, load_peer_keys
+
 
 def parse_peers(peers: str) -> dict[str, str]:
     """Parse `n0-host:port;n1-host:port` into {"n0": "host:port", ...} (id split at the first `-`)."""
@@ -73,6 +75,10 @@ class DLedgerConfig:
     flush_disk_type: str = "ASYNC_FLUSH"
     # Test-only: ack before quorum/fsync so the fault suite can prove its checkers catch losses.
     unsafe_ack_before_quorum: bool = False
+    # Peer authentication (dledger/rpc/auth.py): a file of the group's shared keys; None = off
+    # (loopback, or a network nobody else reaches). Broker keys peerSecretFile / peerHandshakeTimeoutMs.
+    peer_secret_file: str | None = None
+    peer_handshake_timeout_ms: int = 5000
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -113,3 +119,13 @@ class DLedgerConfig:
             raise ValueError(f"storeType {self.store_type!r}: expected FILE or MEMORY")
         if self.mapped_file_size_for_entry_index % 32:
             raise ValueError("mappedFileSizeForEntryIndex must be a multiple of 32")
+        if self.peer_secret_file:
+            load_peer_keys(self.peer_secret_file)  # raises ValueError naming the file and the problem
+        if self.peer_handshake_timeout_ms <= 0:
+            raise ValueError(f"peerHandshakeTimeoutMs {self.peer_handshake_timeout_ms}: expected > 0")
+
+    def peer_auth(self) -> PeerAuth | None:
+        """The handshake of this member's connections (None when peer authentication is off)."""
+        if not self.peer_secret_file:
+            return None
+        return PeerAuth.from_file(self.group, self.self_id, self.peer_secret_file)

@@ -104,7 +104,8 @@ class DLedgerServer:
         if rpc is None:
             from dledger.rpc.tcp import TcpRpcService
 
-            rpc = TcpRpcService(config.group, config.self_id, config.peer_map)
+            rpc = TcpRpcService(config.group, config.self_id, config.peer_map, auth=config.peer_auth(),
+                                handshake_timeout_s=config.peer_handshake_timeout_ms / 1000)
         self.rpc = rpc
         self._clock = clock
         self.rng = rng or random.Random()

@@ -8,16 +8,23 @@ persistent connections, one per peer, with request ids so many requests share a 
   load, no added latency).
 - A peer that cannot be reached is retried with exponential backoff (50 ms doubling to 1 s);
   calls during the backoff fail fast with NETWORK_ERROR instead of piling up.
+- With a peer secret (`PeerAuth`, dledger/rpc/auth.py) every connection first runs the HMAC
+  challenge/response handshake: the accepting side reads only handshake messages (a few hundred
+  bytes at most, within `handshake_timeout_s`) until the other side proved it holds the secret,
+  so an unauthenticated peer is refused before any request frame is read; afterwards a request
+  whose sender is not the authenticated member is refused and the connection closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import itertools
 import logging
 from typing import Any
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
+from dledger.rpc.auth import Acceptor, Connector, HandshakeError, PeerAuth, read_message
 from dledger.rpc.protocol import (
     FRAME_HEAD,
     KIND_REQUEST,
@@ -39,6 +46,7 @@ _CONNECT_TIMEOUT_S = 1.0
 _MAX_UNSENT_BYTES = 64 * 1024 * 1024
 _SMALL_BUF_SIZE = 256 * 1024
 _SMALL_FRAME_MAX = 64 * 1024  # larger frames get a buffer of their own
+_MAX_PENDING_HANDSHAKES = 64  # unauthenticated connections held at once; more are closed at once
 
 
 class _FrameConnection(asyncio.BufferedProtocol):
@@ -62,9 +70,16 @@ class _FrameConnection(asyncio.BufferedProtocol):
         self._big_fill = 0
         self._out: list[bytes] = []
         self.closed = False
+        # The peer handshake in progress (None: no authentication, or done): until it is done
+        # every byte received is a handshake message, never a frame.
+        self.handshake: Acceptor | Connector | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+
+    def peer_name(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -106,6 +121,43 @@ class _FrameConnection(asyncio.BufferedProtocol):
                 self._deliver([(kind, rtype, rid, memoryview(big)[FRAME_HEAD.size :])])
             return
         self._end += nbytes
+        if self.handshake is not None:
+            self._feed_handshake()
+            if self.handshake is not None or self.transport is None or self.transport.is_closing():
+                return
+        self._parse_frames()
+
+    def _feed_handshake(self) -> None:
+        """Handle the handshake messages received so far (they are tiny: no buffer juggling)."""
+        while self.handshake is not None:
+            try:
+                msg = read_message(self._small_view[self._start:self._end])
+                if msg is None:
+                    return
+                mtype, body, used = msg
+                reply = self.handshake.on_message(mtype, body)
+            except HandshakeError as exc:
+                self.handshake_failed(str(exc))
+                return
+            self._start += used
+            if self._start == self._end:
+                self._start = self._end = 0
+            if reply and self.transport is not None:
+                self.transport.write(reply)
+            if self.handshake.complete:
+                done, self.handshake = self.handshake, None
+                self.handshake_done(done)
+
+    def handshake_done(self, handshake: Acceptor | Connector) -> None:
+        """The other side proved it holds the secret."""
+
+    def handshake_failed(self, why: str) -> None:
+        """The other side failed the handshake: close (subclasses log and report)."""
+        self.handshake = None
+        if self.transport is not None:
+            self.transport.close()
+
+    def _parse_frames(self) -> None:
         buf, off, end = self._small, self._start, self._end
         frames: list[tuple[int, int, int, memoryview]] = []
         while end - off >= 4:
@@ -152,23 +204,65 @@ class _FrameConnection(asyncio.BufferedProtocol):
 
 
 class _ServerConnection(_FrameConnection):
-    """An accepted connection: requests in, responses out."""
+    """An accepted connection: (handshake,) requests in, responses out."""
 
     def __init__(self, service: TcpRpcService) -> None:
         super().__init__(service.max_frame_size, f"from peer at {service.self_id}")
         self.service = service
+        self.peer_id: str | None = None  # the authenticated sender (None: authentication is off)
+        self._deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.service.server_conns.add(self)
+        svc = self.service
+        svc.server_conns.add(self)
+        if svc.auth is None:
+            return
+        if svc.pending_handshakes >= _MAX_PENDING_HANDSHAKES:
+            svc.auth.log_refusal(self.peer_name(), f"{svc.pending_handshakes} handshakes already pending")
+            transport.close()
+            return
+        svc.pending_handshakes += 1
+        self.handshake = svc.auth.acceptor()
+        timeout_s = svc.handshake_timeout_s
+        self._deadline = asyncio.get_running_loop().call_later(
+            timeout_s, self.handshake_failed, f"no handshake within {timeout_s} s")
+
+    def _handshake_over(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+            self.service.pending_handshakes -= 1
+
+    def handshake_done(self, handshake: Acceptor | Connector) -> None:
+        self._handshake_over()
+        assert isinstance(handshake, Acceptor)
+        self.peer_id = handshake.peer_id
+        self.name = f"from {self.peer_id} at {self.service.self_id}"
+
+    def handshake_failed(self, why: str) -> None:
+        if self.handshake is None:
+            return  # done already (a late timer)
+        self._handshake_over()
+        assert self.service.auth is not None
+        self.service.auth.log_refusal(self.peer_name(), why)
+        super().handshake_failed(why)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.handshake is not None:
+            self._handshake_over()
+            self.handshake = None
         super().connection_lost(exc)
         self.service.server_conns.discard(self)
 
     def frame_received(self, kind: int, rid: int, msg: RequestOrResponse) -> None:
         if kind != KIND_REQUEST:
             self.close("response frame on a server connection")
+            return
+        if self.peer_id is not None and msg.local_id != self.peer_id:
+            # Bound to the member that authenticated: it may not speak for another one.
+            self.close(f"{type(msg).__name__} sent as {msg.local_id!r} on a connection authenticated "
+                       f"as {self.peer_id!r}")
             return
         task = asyncio.get_running_loop().create_task(self._serve(rid, msg))
         self.service.tasks.add(task)
@@ -202,15 +296,40 @@ class _ServerConnection(_FrameConnection):
 
 
 class _ClientConnection(_FrameConnection):
-    """Our connection to one peer: requests out, responses matched by request id."""
+    """Our connection to one peer: (handshake,) requests out, responses matched by request id."""
 
-    def __init__(self, peer_id: str, max_frame_size: int) -> None:
+    def __init__(self, peer_id: str, max_frame_size: int, auth: PeerAuth | None) -> None:
         super().__init__(max_frame_size, f"to {peer_id}")
         self.peer_id = peer_id
         self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.ready.add_done_callback(_consume_exception)  # a failure nobody awaits any more is not an error
+        if auth is None:
+            self.ready.set_result(None)
+        else:
+            self.handshake = auth.connector(peer_id)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if isinstance(self.handshake, Connector):
+            transport.write(self.handshake.hello())  # type: ignore[attr-defined]
+
+    def handshake_done(self, handshake: Acceptor | Connector) -> None:
+        if not self.ready.done():
+            self.ready.set_result(None)
+
+    def handshake_failed(self, why: str) -> None:
+        super().handshake_failed(why)
+        if not self.ready.done():
+            self.ready.set_exception(DLedgerException(DLedgerResponseCode.NETWORK_ERROR,
+                                                      f"peer handshake with {self.peer_id} failed: {why}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        if not self.ready.done():
+            self.ready.set_exception(DLedgerException(
+                DLedgerResponseCode.NETWORK_ERROR,
+                f"{self.peer_id} closed the connection during the peer handshake (refused: secrets differ?)"))
         pending, self.pending = self.pending, {}
         for fut in pending.values():
             if not fut.done():
@@ -243,13 +362,16 @@ class TcpRpcService(RpcService):
 
     def __init__(
         self, group: str, self_id: str, peers: dict[str, str], *, listen: bool = True,
-        max_frame_size: int = MAX_FRAME_SIZE,
+        max_frame_size: int = MAX_FRAME_SIZE, auth: PeerAuth | None = None, handshake_timeout_s: float = 5.0,
     ) -> None:  # fmt: skip
         self.group = group
         self.self_id = self_id
         self.peers = {p: _Peer(p, a) for p, a in peers.items()}
         self.listen = listen
         self.max_frame_size = max_frame_size
+        self.auth = auth  # None: no peer authentication (loopback, trusted networks)
+        self.handshake_timeout_s = handshake_timeout_s
+        self.pending_handshakes = 0
         self.server: asyncio.base_events.Server | None = None
         self.server_conns: set[_ServerConnection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -263,7 +385,12 @@ class TcpRpcService(RpcService):
         self.server = await loop.create_server(
             lambda: _ServerConnection(self), me.host, me.port, reuse_address=True
         )
-        log.info("listening group=%s selfId=%s on %s:%d", self.group, self.self_id, me.host, me.port)
+        log.info("listening group=%s selfId=%s on %s:%d peerAuth=%s", self.group, self.self_id, me.host,
+                 me.port, "hmac" if self.auth is not None else "off")
+        if self.auth is None and not _is_loopback(me.host):
+            log.warning("event=peer_auth_off group=%s selfId=%s listen=%s:%d: anyone who reaches this port "
+                        "can vote, push or truncate; set peerSecretFile", self.group, self.self_id, me.host,
+                        me.port)
 
     async def shutdown(self) -> None:
         if self.server is not None:
@@ -294,22 +421,29 @@ class TcpRpcService(RpcService):
                 DLedgerResponseCode.NETWORK_ERROR, f"{peer.peer_id} unreachable (backing off)"
             )
         peer.connecting = loop.create_future()
+        conn = None
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: _ClientConnection(peer.peer_id, self.max_frame_size), peer.host, peer.port
+                    lambda: _ClientConnection(peer.peer_id, self.max_frame_size, self.auth),
+                    peer.host, peer.port,
                 ),
                 _CONNECT_TIMEOUT_S,
             )
+            await asyncio.wait_for(asyncio.shield(conn.ready), self.handshake_timeout_s)
             peer.conn = conn
             peer.backoff_s = 0.0
             return conn
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, DLedgerException) as exc:
+            if conn is not None and conn.transport is not None:
+                conn.transport.close()
             peer.backoff_s = min(max(peer.backoff_s * 2, _BACKOFF_MIN_S), _BACKOFF_MAX_S)
             peer.next_attempt = loop.time() + peer.backoff_s
-            raise DLedgerException(
-                DLedgerResponseCode.NETWORK_ERROR, f"connect to {peer.peer_id}: {exc}"
-            ) from exc
+            why = str(exc) or type(exc).__name__
+            if self.auth is not None and conn is not None:
+                self.auth.log_refusal(f"{peer.peer_id}@{peer.host}:{peer.port}", why, outgoing=True)
+            raise DLedgerException(DLedgerResponseCode.NETWORK_ERROR,
+                                   f"connect to {peer.peer_id}: {why}") from exc
         finally:
             peer.connecting.set_result(None)
             peer.connecting = None
@@ -336,6 +470,18 @@ class TcpRpcService(RpcService):
         finally:
             handle.cancel()
             conn.pending.pop(rid, None)
+
+
+def _consume_exception(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _expire(fut: asyncio.Future[Any], peer_id: str, timeout_s: float) -> None:
