@@ -6,7 +6,12 @@ appends in flight and with batch appends of 100 bodies, in ASYNC_FLUSH and SYNC_
 elections during the run (there should be none after the first). Prints a table and writes
 bench/results/dledger_bench.json.
 
-    .venv/bin/python bench/dledger_bench.py [--seconds 3] [--quick]
+`--peer-auth` measures what peer authentication costs instead: the same quick cases on a group
+without and with a peer secret back to back (every member and the client authenticate), and the
+connection setup (TCP connect + handshake + one metadata request on a fresh connection, p50/p99)
+of each; writes bench/results/dledger_peer_auth.json.
+
+    .venv/bin/python bench/dledger_bench.py [--seconds 3] [--quick] [--peer-auth]
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ sys.path.insert(0, str(REPO))
 
 from dledger.client import DLedgerClient  # noqa: E402
 from dledger.codes import DLedgerException  # noqa: E402
+from dledger.rpc.auth import PeerAuth  # noqa: E402
+from dledger.rpc.protocol import MetadataRequest  # noqa: E402
+from dledger.rpc.tcp import TcpRpcService  # noqa: E402
 
 GROUP = "bench"
 
@@ -43,11 +51,12 @@ def free_ports(n: int) -> list[int]:
 
 
 class Cluster:
-    def __init__(self, flush: str, base: Path) -> None:
+    def __init__(self, flush: str, base: Path, secret: str | None = None) -> None:
         self.ids = ["n0", "n1", "n2"]
         self.peers = ";".join(f"{m}-127.0.0.1:{p}" for m, p in zip(self.ids, free_ports(3), strict=True))
         self.flush = flush
         self.base = base
+        self.secret = secret  # a peer secret file: members authenticate every connection
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> None:
@@ -56,6 +65,8 @@ class Cluster:
             cmd = [sys.executable, "-m", "dledger", "--group", GROUP, "--self-id", m, "--peers", self.peers]
             cmd += ["--store-dir", str(self.base / m), "--flush-disk-type", self.flush]
             cmd += ["--log-level", "WARNING"]
+            if self.secret:
+                cmd += ["--peer-secret-file", self.secret]
             prof_dir = os.environ.get("DLEDGER_BENCH_PROFILE")  # cProfile each member into this dir
             if prof_dir:
                 cmd[1:1] = ["-m", "cProfile", "-o", os.path.join(prof_dir, f"{m}.prof")]
@@ -130,12 +141,41 @@ async def run_case(c: DLedgerClient, body_size: int, inflight: int, batch: int, 
             "p50_ms": round(pct(lat, 0.50) * 1000, 2), "p99_ms": round(pct(lat, 0.99) * 1000, 2)}  # fmt: skip
 
 
-async def bench_cluster(flush: str, cases: list[tuple[int, int, int]], seconds: float) -> dict:
+def write_secret(path: Path) -> str:
+    """A fresh peer secret file (mode 600), as an operator makes one with `openssl rand -hex 32`."""
+    path.write_text(os.urandom(32).hex() + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+async def connection_setup(peers: str, leader: str, secret: str | None, n: int) -> dict:
+    """Fresh connections to the leader: TCP connect (+ handshake) + one metadata request each."""
+    from dledger.config import parse_peers
+
+    peer_map = parse_peers(peers)
+    times: list[float] = []
+    for i in range(n):
+        auth = PeerAuth.from_file(GROUP, f"bench-{i}", secret) if secret else None
+        rpc = TcpRpcService(GROUP, f"bench-{i}", peer_map, listen=False, auth=auth)
+        t0 = time.perf_counter()
+        await rpc.metadata(leader, MetadataRequest(group=GROUP, remote_id=leader, local_id=f"bench-{i}"), 5.0)
+        times.append(time.perf_counter() - t0)
+        await rpc.shutdown()
+    times.sort()
+    return {"connections": n, "p50_ms": round(pct(times, 0.5) * 1000, 3),
+            "p99_ms": round(pct(times, 0.99) * 1000, 3)}
+
+
+async def bench_cluster(flush: str, cases: list[tuple[int, int, int]], seconds: float,
+                        peer_auth: bool = False, setup_connections: int = 0) -> dict:
     with tempfile.TemporaryDirectory(prefix="dledger-bench-") as tmp:
-        cluster = Cluster(flush, Path(tmp))
+        secret = None
+        if peer_auth:
+            secret = write_secret(Path(tmp) / "peer.secret")
+        cluster = Cluster(flush, Path(tmp), secret)
         cluster.start()
         try:
-            async with DLedgerClient(GROUP, cluster.peers, timeout_s=10.0) as c:
+            async with DLedgerClient(GROUP, cluster.peers, timeout_s=10.0, peer_secret_file=secret) as c:
                 await c.find_leader()
                 await c.append([b"warmup"] * 100)
                 term0 = (await c.metadata(c.leader_id))["term"]  # type: ignore[arg-type]
@@ -157,14 +197,23 @@ async def bench_cluster(flush: str, cases: list[tuple[int, int, int]], seconds: 
                     # Resident memory must not grow with the number of stored entries (leader cache).
                     r["rss_mb"] = {m: rss_mb(p.pid) for m, p in zip(cluster.ids, cluster.procs, strict=True)}
                     results.append(r)
-                    print(f"{flush:11} body={body:5} inflight={inflight:4} batch={batch:4} "
+                    print(f"{flush:11}{' auth' if peer_auth else ''} body={body:5} inflight={inflight:4} "
+                          f"batch={batch:4} "
                           f"{r['entries_per_s']:>8}/s p50={r['p50_ms']:>7}ms p99={r['p99_ms']:>7}ms "
                           f"errors={r['errors']} rss_mb={max(r['rss_mb'].values())} "
                           f"cpu_us/entry={r['cpu_us_per_entry']}", flush=True)  # fmt: skip
                 mds = [await c.metadata(m) for m in cluster.ids]
                 terms = {md["term"] for md in mds}
-                return {"results": results, "elections_during_run": max(terms) - term0,
-                        "committed": [md["committedIndex"] for md in mds]}  # fmt: skip
+                out = {"results": results, "elections_during_run": max(terms) - term0,
+                       "committed": [md["committedIndex"] for md in mds]}  # fmt: skip
+                if setup_connections:
+                    setup = await connection_setup(cluster.peers, c.leader_id, secret,  # type: ignore[arg-type]
+                                                   setup_connections)
+                    print(f"{flush:11}{' auth' if peer_auth else ''} connection setup (connect"
+                          f"{' + handshake' if peer_auth else ''} + 1 request): p50={setup['p50_ms']}ms "
+                          f"p99={setup['p99_ms']}ms over {setup['connections']}", flush=True)
+                    out["connection_setup"] = setup
+                return out
         finally:
             cluster.stop()
 
@@ -179,6 +228,10 @@ async def main_async(args: argparse.Namespace) -> dict:
     if args.soak:
         # One long run at full load: the point is the election count (must stay 0).
         return {"soak": await bench_cluster("ASYNC_FLUSH", [(1024, 16, 100)], args.soak)}
+    if args.peer_auth:
+        quick = [(1024, 16, 1), (1024, 16, 100)]
+        return {"plain": await bench_cluster("ASYNC_FLUSH", quick, args.seconds, False, 200),
+                "auth": await bench_cluster("ASYNC_FLUSH", quick, args.seconds, True, 200)}
     out = {"async": await bench_cluster("ASYNC_FLUSH", cases, args.seconds)}
     out["sync"] = await bench_cluster("SYNC_FLUSH", sync_cases, args.seconds)
     return out
@@ -189,6 +242,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--soak", type=float, default=0.0, help="only a SECONDS-long full-load run (elections)")
+    p.add_argument("--peer-auth", action="store_true", help="plain vs authenticated peers, back to back")
     args = p.parse_args()
     try:
         import uvloop
@@ -199,7 +253,8 @@ def main() -> None:
     out["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
     results_dir = REPO / "bench" / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
-    name = "dledger_soak.json" if args.soak else "dledger_bench.json"
+    name = ("dledger_soak.json" if args.soak else "dledger_peer_auth.json" if args.peer_auth
+            else "dledger_bench.json")
     (results_dir / name).write_text(json.dumps(out, indent=2))
     elections = {
         k: v["elections_during_run"] for k, v in out.items() if isinstance(v, dict) and "results" in v
