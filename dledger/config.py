@@ -75,6 +75,12 @@ class DLedgerConfig:
     flush_disk_type: str = "ASYNC_FLUSH"
     # Test-only: ack before quorum/fsync so the fault suite can prove its checkers catch losses.
     unsafe_ack_before_quorum: bool = False
+    # State-machine snapshots (dledger/snapshot.py), DLedger 0.3's, off by default as there: every
+    # snapshot_threshold applied entries; retention keeps the log after the newest one; a member
+    # that needs entries the leader no longer has gets the snapshot (InstallSnapshot).
+    enable_snapshot: bool = False
+    snapshot_threshold: int = 1000
+    max_snapshot_reserved_num: int = 3
     # Peer authentication (dledger/rpc/auth.py): a file of the group's shared keys; None = off
     # (loopback, or a network nobody else reaches). Broker keys peerSecretFile / peerHandshakeTimeoutMs.
     peer_secret_file: str | None = None
@@ -101,6 +107,9 @@ class DLedgerConfig:
     def default_path(self) -> str:
         """`{storeBaseDir}/dledger-{selfId}`, DLedger's store location."""
         return os.path.join(self.store_base_dir, f"dledger-{self.self_id}")
+
+    def snapshot_store_path(self) -> str:
+        return os.path.join(self.default_path(), "snapshot")
 
     def data_store_path(self) -> str:
         return os.path.join(self.default_path(), "data")

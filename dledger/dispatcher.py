@@ -25,15 +25,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from enum import StrEnum
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.config import DLedgerConfig
 from dledger.entry import DLedgerEntry
 from dledger.member_state import MemberState
-from dledger.rpc.protocol import PushEntryRequest, PushEntryResponse, PushType, RpcService
+from dledger.rpc.protocol import (
+    InstallSnapshotRequest,
+    PushEntryRequest,
+    PushEntryResponse,
+    PushType,
+    RpcService,
+)
+from dledger.snapshot import SNAPSHOT_META_FILE, SnapshotReader, SnapshotStore
 from dledger.store.base import DLedgerStore
 from dledger.taskset import TaskSet
 
@@ -45,6 +52,7 @@ _SMALL_BATCHES_IN_FLIGHT = 2
 _NETWORK_BACKOFF_S = 0.1
 _PROBE_BACKOFF_MIN_S = 0.1
 _PROBE_BACKOFF_MAX_S = 4.0
+_INSTALL_DONE_TIMEOUT_S = 10.0
 
 
 class DispatchState(StrEnum):
@@ -81,8 +89,10 @@ class ReplicationLog(Protocol):
     term: int  # the leader term the watermarks belong to (-1: not leading)
     leader_end_pos: int  # data position after the leader's last entry
     last_raw: RawBatch | None
+    snapshots: SnapshotStore | None  # what a follower behind our log's begin gets
 
     def get_entry(self, index: int) -> DLedgerEntry: ...
+    def term_at(self, index: int) -> int: ...
     def update_peer_water_mark(self, term: int, peer: str, index: int) -> None: ...
     def notify_higher_term(self, term: int, source: str) -> None: ...
     def notify_peer_ack(self, peer: str) -> None: ...
@@ -111,6 +121,7 @@ class EntryDispatcher:
         self.probe_failures = 0
         self.next_probe_at = 0.0
         self.probing_since = 0.0
+        self._installed: tuple[int, int] | None = None  # (index, term) of the snapshot last installed
         self.quota_window = 0.0
         self.quota_bytes = 0
         self.wake = asyncio.Event()
@@ -237,48 +248,70 @@ class EntryDispatcher:
         self._send(req)
         return self.timeout_s
 
-    # -- COMPARE / TRUNCATE ---------------------------------------------------------------
-    async def _push_one(self, ptype: PushType, entry: DLedgerEntry) -> PushEntryResponse | None:
-        req = self._request(ptype, [entry])
+    # -- COMPARE / TRUNCATE / INSTALL_SNAPSHOT ----------------------------------------------
+    async def _ask(self, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
+        """One request to the follower: its answer, or None after no answer (then waiting the
+        probe backoff, cut short by an answered heartbeat) or an answer from a higher term."""
         try:
-            resp = await self.pusher.rpc.push(self.peer_id, req, self.timeout_s)
+            resp = await send()
         except DLedgerException as exc:
-            # No answer: the same backoff as APPEND probes, cut short by an answered heartbeat.
             if not self.probe_failures:
                 self.probing_since = self.pusher.clock()
                 log.info("event=push_probe_start group=%s selfId=%s peer=%s term=%d state=%s reason=%s",
-                         self.ms.group, self.ms.self_id, self.peer_id, self.term, ptype.name, exc.code.name)
+                         self.ms.group, self.ms.self_id, self.peer_id, self.term, what, exc.code.name)
             self.probe_failures += 1
             self.alive.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.alive.wait(), self._probe_backoff_s())
             return None
         if resp.term > self.term:
-            self.pusher.notify_higher_term(resp.term, f"push answer of {self.peer_id}")
+            self.pusher.notify_higher_term(resp.term, f"{what} answer of {self.peer_id}")
             return None
         self._answered()
         return resp
 
+    async def _push_one(self, ptype: PushType, entry: DLedgerEntry) -> PushEntryResponse | None:
+        req = self._request(ptype, [entry])
+        return await self._ask(ptype.name, lambda: self.pusher.rpc.push(self.peer_id, req, self.timeout_s))
+
     async def _compare_and_truncate(self) -> None:
-        """Find the last index where the follower agrees with us, then make it the follower's end."""
-        store = self.pusher.store
+        """Find the last index where the follower agrees with us, then make it the follower's end;
+        a follower that needs entries our log no longer has gets our snapshot first."""
         term = self.term
+        found = await self._compare(term)
+        if found is None:
+            return
+        match, truncate_needed, behind = found
+        if behind:
+            snap = await self._snapshot_to_install()
+            if snap is not None:
+                if await self._install_snapshot(snap, term):
+                    self._installed = (snap.index, snap.term)
+                    self._enter_append(term, snap.index)
+                return
+        if truncate_needed:
+            truncated = await self._truncate(match, term)
+            if truncated is None:
+                return
+            match = truncated
+        self._enter_append(term, match)
+
+    async def _compare(self, term: int) -> tuple[int, bool, bool] | None:
+        """(match, truncate needed, follower ends before our begin) once known; None when the
+        term changed or a request went unanswered (the loop comes back)."""
+        store = self.pusher.store
         compare_index = store.ledger_end_index
         while True:
             if not self.ms.is_leader() or self.ms.curr_term != term:
-                return
+                return None
             if compare_index < store.ledger_begin_index or compare_index < 0:
                 # Nothing in common (or the follower's log is empty): start at our begin index.
-                match, truncate_needed = store.ledger_begin_index - 1, True
-                break
+                return store.ledger_begin_index - 1, True, False
             resp = await self._push_one(PushType.COMPARE, self.pusher.get_entry(compare_index))
-            if resp is None:
-                continue
-            if self.term != term:
-                return
+            if resp is None or self.term != term:
+                return None
             if resp.code == DLedgerResponseCode.SUCCESS:
-                match, truncate_needed = compare_index, resp.end_index != compare_index
-                break
+                return compare_index, resp.end_index != compare_index, False
             if resp.code != DLedgerResponseCode.INCONSISTENT_STATE:
                 log.warning(
                     "compare at %d answered %s by %s",
@@ -288,36 +321,43 @@ class EntryDispatcher:
                 )
                 await asyncio.sleep(_NETWORK_BACKOFF_S)
                 continue
+            behind = resp.end_index < store.ledger_begin_index - 1  # it lacks entries we no longer have
             if resp.end_index < 0:
                 # An empty follower: stream from our first entry; past retention (our log no longer
                 # starts at 0) it is first made to start where we do, with TRUNCATE.
-                match, truncate_needed = max(store.ledger_begin_index, 0) - 1, store.ledger_begin_index > 0
-                break
+                return max(store.ledger_begin_index, 0) - 1, store.ledger_begin_index > 0, behind
+            if behind:
+                return store.ledger_begin_index - 1, True, True
             if resp.end_index < store.ledger_begin_index or resp.begin_index > store.ledger_end_index:
                 compare_index = -1
             elif compare_index > resp.end_index:
                 compare_index = resp.end_index
             else:
                 compare_index -= 1
-        if truncate_needed:
-            truncate_index = max(match, store.ledger_begin_index, 0)
-            if truncate_index > store.ledger_end_index:
-                # Our log is empty: a leader whose no-op has not gone in yet (disk full). Wait for
-                # an append (it wakes us) instead of spinning through COMPARE.
-                await self._wait(_NETWORK_BACKOFF_S)
-                return
-            resp = await self._push_one(PushType.TRUNCATE, self.pusher.get_entry(truncate_index))
-            if resp is None or resp.code != DLedgerResponseCode.SUCCESS or self.term != term:
-                return
-            match = truncate_index
-            log.info(
-                "truncated follower group=%s selfId=%s peer=%s term=%d at %d",
-                self.ms.group,
-                self.ms.self_id,
-                self.peer_id,
-                term,
-                match,
-            )
+
+    async def _truncate(self, match: int, term: int) -> int | None:
+        """Make our entry after `match` (or our first) the follower's last; the new match."""
+        store = self.pusher.store
+        truncate_index = max(match, store.ledger_begin_index, 0)
+        if truncate_index > store.ledger_end_index:
+            # Our log is empty: a leader whose no-op has not gone in yet (disk full). Wait for
+            # an append (it wakes us) instead of spinning through COMPARE.
+            await self._wait(_NETWORK_BACKOFF_S)
+            return None
+        resp = await self._push_one(PushType.TRUNCATE, self.pusher.get_entry(truncate_index))
+        if resp is None or resp.code != DLedgerResponseCode.SUCCESS or self.term != term:
+            return None
+        log.info(
+            "truncated follower group=%s selfId=%s peer=%s term=%d at %d",
+            self.ms.group,
+            self.ms.self_id,
+            self.peer_id,
+            term,
+            truncate_index,
+        )
+        return truncate_index
+
+    def _enter_append(self, term: int, match: int) -> None:
         self.match_index = match
         self.pusher.update_peer_water_mark(term, self.peer_id, match)
         self._restart_from(match)
@@ -331,12 +371,77 @@ class EntryDispatcher:
             match + 1,
         )
 
+    async def _snapshot_to_install(self) -> SnapshotReader | None:
+        """Our newest snapshot, when it covers everything before our log's begin (retention never
+        deletes past it); None: no snapshots here, and the follower starts at our begin index."""
+        snapshots = self.pusher.snapshots
+        if snapshots is None:
+            return None
+        snap = await snapshots.latest_async()
+        begin = self.pusher.store.ledger_begin_index
+        if snap is None or snap.index < begin - 1:
+            log.warning("event=install_snapshot_unavailable group=%s selfId=%s peer=%s begin=%d snapshot=%d: "
+                        "the follower starts at our begin index without the state before it",
+                        self.ms.group, self.ms.self_id, self.peer_id, begin, snap.index if snap else -1)
+            return None
+        return snap
+
+    async def _install_snapshot(self, snap: SnapshotReader, term: int) -> bool:
+        """Send `snap` chunk by chunk (files in name order, the meta last); True once the follower
+        has stored and loaded it. Any failure starts over (from COMPARE)."""
+        chunk = max(self.config.max_batch_push_size, 1)
+        sent = 0
+        log.info("event=install_snapshot_start group=%s selfId=%s peer=%s term=%d index=%d",
+                 self.ms.group, self.ms.self_id, self.peer_id, term, snap.index)
+        for name in snap.files():
+            data = snap.read_file(name)
+            for off in range(0, max(len(data), 1), chunk):
+                if not await self._send_chunk(snap, term, name, off, data[off:off + chunk], False):
+                    return False
+                sent += min(chunk, len(data) - off)
+        if not await self._send_chunk(snap, term, SNAPSHOT_META_FILE, 0, snap.meta.to_json(), True):
+            return False
+        log.info("event=install_snapshot_done group=%s selfId=%s peer=%s term=%d index=%d bytes=%d",
+                 self.ms.group, self.ms.self_id, self.peer_id, term, snap.index, sent)
+        return True
+
+    async def _send_chunk(self, snap: SnapshotReader, term: int, name: str, offset: int, data: bytes,
+                          done: bool) -> bool:
+        ms = self.ms
+        req = InstallSnapshotRequest(group=ms.group, remote_id=self.peer_id, local_id=ms.self_id,
+                                     leader_id=ms.self_id, term=term, last_included_index=snap.index,
+                                     last_included_term=snap.term, name=name, offset=offset, done=done,
+                                     data=data)
+        # The last chunk makes the follower store (fsync) and load the snapshot: give it longer.
+        timeout_s = max(self.timeout_s * 10, _INSTALL_DONE_TIMEOUT_S) if done else self.timeout_s
+        resp = await self._ask("INSTALL_SNAPSHOT",
+                               lambda: self.pusher.rpc.install_snapshot(self.peer_id, req, timeout_s))
+        if resp is None or self.term != term or not ms.is_leader():
+            return False
+        if resp.code != DLedgerResponseCode.SUCCESS:
+            log.warning("event=install_snapshot_refused group=%s selfId=%s peer=%s index=%d file=%s code=%s",
+                        ms.group, ms.self_id, self.peer_id, snap.index, name,
+                        DLedgerResponseCode.value_of(resp.code).name)
+            await self._wait(_NETWORK_BACKOFF_S)
+            return False
+        return True
+
     def _restart_from(self, match: int) -> None:
         self.generation += 1
         self.inflight.clear()
         self.write_index = match + 1
         self.prev_index = match
-        self.prev_term = self.pusher.get_entry(match).term if match >= 0 else -1
+        if match < 0:
+            self.prev_term = -1
+        elif self._installed is not None and self._installed[0] == match:
+            self.prev_term = self._installed[1]  # the snapshot the follower installed ends here
+        else:
+            try:
+                self.prev_term = self.pusher.term_at(match)
+            except DLedgerException:
+                # Retention removed the entry the follower stopped at: find out anew where it
+                # stands (it may need our begin index or our snapshot).
+                self.state = DispatchState.COMPARE
 
     # -- APPEND ---------------------------------------------------------------------------
     def _check_timeout(self, now: float) -> None:

@@ -25,13 +25,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.config import DLedgerConfig
 from dledger.member_state import MemberState
-from dledger.rpc.protocol import PushEntryRequest, PushEntryResponse, PushType
+from dledger.rpc.protocol import (
+    InstallSnapshotRequest,
+    InstallSnapshotResponse,
+    PushEntryRequest,
+    PushEntryResponse,
+    PushType,
+)
+from dledger.snapshot import SnapshotMeta, SnapshotReader, SnapshotStore, SnapshotWriter
 from dledger.store.base import DLedgerStore
 
 log = logging.getLogger("dledger.entry_handler")
@@ -58,12 +65,17 @@ class EntryHandler:
         store: DLedgerStore,
         accept_leader: AcceptLeader,
         commit_listener: Callable[[], None],
+        snapshots: SnapshotStore | None = None,
+        load_snapshot: Callable[[SnapshotReader], Awaitable[None]] | None = None,
     ) -> None:
         self.config = config
         self.ms = member_state
         self.store = store
         self.accept_leader = accept_leader
         self.commit_listener = commit_listener
+        self.snapshots = snapshots  # where an InstallSnapshot is stored (None: snapshots are off)
+        self.load_snapshot = load_snapshot  # hands a stored install to the state machine
+        self._install: SnapshotWriter | None = None  # the snapshot being received
         self.waiting: dict[int, _Parked] = {}
         self.gap_since: dict[int, float] = {}  # first index of a parked push -> first arrival
         self.wait_timeout_s = config.max_push_time_out_ms / 1000
@@ -129,6 +141,8 @@ class EntryHandler:
     # -- COMPARE / TRUNCATE ---------------------------------------------------------------
     def _holds(self, index: int, term: int, pos: int) -> bool:
         store = self.store
+        if index == store.ledger_end_index == store.ledger_begin_index - 1 >= 0:
+            return store.ledger_end_term == term  # the entry our installed snapshot ends with
         if index < store.ledger_begin_index or index > store.ledger_end_index or index < 0:
             return False
         local = store.get(index)
@@ -262,10 +276,12 @@ class EntryHandler:
         store = self.store
         prev = req.prev_index
         if prev >= 0:
-            if prev > store.ledger_end_index or prev < store.ledger_begin_index:
+            if prev > store.ledger_end_index or prev < store.ledger_begin_index - 1:
                 return self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE)
-            local_term = store.ledger_end_term if prev == store.ledger_end_index else store.get(prev).term
-            if local_term != req.prev_term:
+            if prev == store.ledger_begin_index - 1 and prev != store.ledger_end_index \
+                    and store.ledger_before_begin_term < 0:
+                return self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE)  # its term is unknown here
+            if store.term_at(prev) != req.prev_term:
                 return self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE)
         leader_term, leader_id = req.term, req.leader_id
         entries = req.entries
@@ -293,6 +309,56 @@ class EntryHandler:
         last = req.entries[-1].index
         self._update_commit(leader_term, min(req.commit_index, last))
         return self._resp(req, DLedgerResponseCode.SUCCESS, last)
+
+    # -- INSTALL_SNAPSHOT -----------------------------------------------------------------
+    def _snapshot_resp(self, req: InstallSnapshotRequest,
+                       code: DLedgerResponseCode) -> InstallSnapshotResponse:
+        ms = self.ms
+        return InstallSnapshotResponse(group=ms.group, remote_id=req.local_id, local_id=ms.self_id,
+                                       leader_id=ms.leader_id or "", term=ms.curr_term, code=int(code),
+                                       end_index=self.store.ledger_end_index)
+
+    async def handle_install_snapshot(self, req: InstallSnapshotRequest) -> InstallSnapshotResponse:
+        """One chunk of the leader's snapshot: files in order, then the meta, which stores the
+        snapshot, replaces our log by it and loads it into the state machine."""
+        code = self.accept_leader(req.term, req.leader_id)
+        if code != DLedgerResponseCode.SUCCESS:
+            return self._snapshot_resp(req, code)
+        if self.snapshots is None or self.load_snapshot is None:
+            return self._snapshot_resp(req, DLedgerResponseCode.UNSUPPORTED)
+        store = self.store
+        if req.last_included_index <= store.committed_index:
+            # Never roll committed state back (a resend after the install already went in).
+            log.info("event=install_snapshot_ignored group=%s selfId=%s index=%d committed=%d",
+                     self.ms.group, self.ms.self_id, req.last_included_index, store.committed_index)
+            return self._snapshot_resp(req, DLedgerResponseCode.SUCCESS)
+        w = self._install
+        try:
+            if w is None or (w.index, w.term) != (req.last_included_index, req.last_included_term):
+                if req.offset or req.done:
+                    raise DLedgerException(DLedgerResponseCode.INSTALL_SNAPSHOT_ERROR,
+                                           f"chunk {req.name!r}@{req.offset} of snapshot "
+                                           f"{req.last_included_index} without its start")
+                w = self._install = SnapshotWriter(req.last_included_index, req.last_included_term, -1)
+            if not req.done:
+                w.append(req.name, req.offset, req.data)
+                return self._snapshot_resp(req, DLedgerResponseCode.SUCCESS)
+            self._install = None
+            meta = SnapshotMeta.from_json(req.data)
+            w.end_pos = meta.end_pos
+            reader = await self.snapshots.save_async(w, meta)
+        except DLedgerException as exc:
+            self._install = None
+            log.warning("event=install_snapshot_failed group=%s selfId=%s index=%d: %s", self.ms.group,
+                        self.ms.self_id, req.last_included_index, exc)
+            return self._snapshot_resp(req, DLedgerResponseCode.INSTALL_SNAPSHOT_ERROR)
+        self._clear_waiting()
+        store.reset_to_snapshot(reader.index, reader.term, reader.end_pos)
+        await self.load_snapshot(reader)
+        self.commit_listener()
+        log.info("event=install_snapshot_loaded group=%s selfId=%s leader=%s index=%d term=%d",
+                 self.ms.group, self.ms.self_id, req.leader_id, reader.index, reader.term)
+        return self._snapshot_resp(req, DLedgerResponseCode.SUCCESS)
 
     def on_log_cut(self) -> None:
         """The store cut our log below what the leader believes we hold: answer parked pushes

@@ -27,6 +27,7 @@ from dledger.dispatcher import EntryDispatcher, RawBatch
 from dledger.entry import DLedgerEntry
 from dledger.member_state import MemberState, Role
 from dledger.rpc.protocol import RpcService
+from dledger.snapshot import SnapshotStore
 from dledger.store.base import DLedgerStore
 
 log = logging.getLogger("dledger.pusher")
@@ -67,8 +68,10 @@ class DLedgerEntryPusher:
         store: DLedgerStore,
         rpc: RpcService,
         clock: Callable[[], float],
+        snapshots: SnapshotStore | None = None,
     ) -> None:
         self.config = config
+        self.snapshots = snapshots  # what a follower behind our log's begin is sent (InstallSnapshot)
         self.ms = member_state
         self.store = store
         self.rpc = rpc
@@ -197,6 +200,13 @@ class DLedgerEntryPusher:
         if 0 <= off < len(self._cache):
             return self._cache[off]
         return self.store.get(index)
+
+    def term_at(self, index: int) -> int:
+        """Term of entry `index` (also the one a snapshot ends with right before our log's begin)."""
+        off = index - self._cache_base
+        if 0 <= off < len(self._cache):
+            return self._cache[off].term
+        return self.store.term_at(index)
 
     async def _own_flush_loop(self) -> None:
         """SYNC_FLUSH: the leader's own watermark only counts what it has fsynced (batched: one

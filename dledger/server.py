@@ -31,6 +31,8 @@ from dledger.rpc.protocol import (
     GetEntriesResponse,
     HeartBeatRequest,
     HeartBeatResponse,
+    InstallSnapshotRequest,
+    InstallSnapshotResponse,
     LeadershipTransferRequest,
     LeadershipTransferResponse,
     MetadataRequest,
@@ -43,6 +45,7 @@ from dledger.rpc.protocol import (
     VoteResponse,
     error_response,
 )
+from dledger.snapshot import FileSnapshotStore, MemorySnapshotStore, SnapshotReader, SnapshotStore
 from dledger.statemachine import StateMachine, StateMachineCaller
 from dledger.store.base import DLedgerStore
 
@@ -96,11 +99,19 @@ class DLedgerServer:
         store: DLedgerStore | None = None,
         clock: Callable[[], float] | None = None,
         rng: random.Random | None = None,
+        snapshots: SnapshotStore | None = None,
     ) -> None:
         config.validate()
         self.config = config
         self.store = store if store is not None else create_store(config)
         self.member_state = MemberState(config, self.store)
+        # Snapshot storage (with enable_snapshot): given (the simulator keeps it across a member's
+        # crash, like its store), or DLedger's file layout beside the log.
+        self.snapshots: SnapshotStore | None = None
+        if config.enable_snapshot:
+            self.snapshots = snapshots or (
+                FileSnapshotStore(config.snapshot_store_path(), config.max_snapshot_reserved_num)
+                if config.store_type == "FILE" else MemorySnapshotStore(config.max_snapshot_reserved_num))
         if rpc is None:
             from dledger.rpc.tcp import TcpRpcService
 
@@ -109,10 +120,12 @@ class DLedgerServer:
         self.rpc = rpc
         self._clock = clock
         self.rng = rng or random.Random()
-        self.pusher = DLedgerEntryPusher(config, self.member_state, self.store, rpc, self._now)
+        self.pusher = DLedgerEntryPusher(config, self.member_state, self.store, rpc, self._now,
+                                         self.snapshots)
         self.elector = DLedgerLeaderElector(config, self.member_state, rpc, self.pusher, self.rng, self._now)
         self.entry_handler = EntryHandler(
-            config, self.member_state, self.store, self.elector.accept_leader_message, self._on_commit
+            config, self.member_state, self.store, self.elector.accept_leader_message, self._on_commit,
+            self.snapshots, self._install_snapshot,
         )
         # Events between the parts (none of them knows the others' classes):
         self.pusher.higher_term_listeners.append(self.elector.on_higher_term)
@@ -142,11 +155,34 @@ class DLedgerServer:
         self.elector.register_role_change_handler(handler)
 
     def set_state_machine(self, sm: StateMachine) -> None:
-        """Feed `sm` committed entries in order from its `last_applied_index() + 1`."""
-        caller = StateMachineCaller(self.store, sm, f"{self.config.group}/{self.config.self_id}")
+        """Feed `sm` committed entries in order from its `last_applied_index() + 1` (snapshots:
+        the member's one machine is snapshotted, see `dledger.statemachine`)."""
+        if self.snapshots is not None and self._callers:
+            raise ValueError("enable_snapshot takes exactly one state machine per member")
+        caller = StateMachineCaller(self.store, sm, f"{self.config.group}/{self.config.self_id}",
+                                    self.snapshots, self.config.snapshot_threshold)
         self._callers.append(caller)
         if self.started:
             caller.start()
+
+    async def _install_snapshot(self, reader: SnapshotReader) -> None:
+        """A snapshot the leader sent is stored; the log was replaced by it: load it."""
+        for c in self._callers:
+            await c.install(reader)
+
+    async def _align_log_with_snapshot(self) -> None:
+        """At start: a stored snapshot beyond the recovered log end (an install whose first
+        entries never arrived, or a log cut back below it) replaces the log; one right before the
+        log's begin names the term the first entry follows."""
+        assert self.snapshots is not None
+        latest = await self.snapshots.latest_async()
+        store = self.store
+        if latest is None:
+            return
+        if latest.index > store.ledger_end_index:
+            store.reset_to_snapshot(latest.index, latest.term, latest.end_pos)
+        elif latest.index == store.ledger_begin_index - 1:
+            store.ledger_before_begin_term = latest.term
 
     def _retention_floor(self) -> int | None:
         """The lowest entry any state machine still needs in the log (None: none asks)."""
@@ -231,6 +267,8 @@ class DLedgerServer:
         """store → rpc → pusher → elector (→ state machine callers)."""
         self.rpc.register_handler(self)
         await self.store.start()
+        if self.snapshots is not None:
+            await self._align_log_with_snapshot()
         await self.rpc.start()
         self.pusher.start()
         self.elector.start()
@@ -336,6 +374,8 @@ class DLedgerServer:
             "recovering": ms.check_recovering(),  # cut committed entries, not caught up yet: no votes
             "verifying": ms.check_verifying(),  # older data files not verified yet: no campaign
             "peerWaterMarks": dict(self.pusher.peer_water_marks) if ms.is_leader() else {},
+            "snapshotIndex": max((c.last_snapshot_index for c in self._callers), default=-1),
+            "stateMachine": next((st for c in self._callers if (st := c.machine.status()) is not None), None),
         }
 
     async def leadership_transfer(self, transferee_id: str) -> None:
@@ -374,6 +414,9 @@ class DLedgerServer:
 
     async def handle_push(self, req: PushEntryRequest) -> PushEntryResponse:
         return self._refuse(req) or await self.entry_handler.handle_push(req)
+
+    async def handle_install_snapshot(self, req: InstallSnapshotRequest) -> InstallSnapshotResponse:
+        return self._refuse(req) or await self.entry_handler.handle_install_snapshot(req)
 
     def _resp_header(self, req: RequestOrResponse, resp: RequestOrResponse) -> Any:
         ms = self.member_state

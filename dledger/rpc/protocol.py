@@ -5,7 +5,7 @@ Frame layout (big-endian), shared by the TCP transport and the in-memory network
     offset  size  field
     0       4     frame length (bytes after this field)
     4       1     kind         0 request, 1 response
-    5       2     request type (DLedger's codes: METADATA 50000 ... LEADERSHIP_TRANSFER 51005)
+    5       2     request type (DLedger's codes: METADATA 50000 ... INSTALL_SNAPSHOT 51006)
     7       8     request id   (responses echo it; lets many requests share one connection)
     15      ...   common header: group, remote_id, local_id, leader_id (u16 length + UTF-8 each),
                   term i64, code i32
@@ -49,6 +49,7 @@ class RequestCode(IntEnum):
     PULL = 51003
     PUSH = 51004
     LEADERSHIP_TRANSFER = 51005
+    INSTALL_SNAPSHOT = 51006
 
 
 class PushType(IntEnum):
@@ -392,6 +393,57 @@ class LeadershipTransferResponse(RequestOrResponse):
     request_code: ClassVar[RequestCode] = RequestCode.LEADERSHIP_TRANSFER
 
 
+_INSTALL = struct.Struct(">qqqB")  # lastIncludedIndex, lastIncludedTerm, offset, done
+
+
+@dataclass(slots=True)
+class InstallSnapshotRequest(RequestOrResponse):
+    """Leader → follower that needs entries the leader's log no longer has: one chunk of the
+    snapshot of `last_included_index`. Files go in name order, each in chunks at increasing
+    `offset`; the last chunk is the snapshot's meta (`name` = "snapshot_meta", `done` set)."""
+
+    last_included_index: int = -1
+    last_included_term: int = -1
+    name: str = ""
+    offset: int = 0
+    done: bool = False
+    data: bytes = b""
+    request_code: ClassVar[RequestCode] = RequestCode.INSTALL_SNAPSHOT
+
+    def _enc(self, out: list[bytes]) -> None:
+        _put_str(out, self.name)
+        out.append(_INSTALL.pack(self.last_included_index, self.last_included_term, self.offset, self.done))
+        out.append(_U32.pack(len(self.data)))
+        out.append(self.data)
+
+    def _dec(self, buf: memoryview, off: int) -> int:
+        self.name, off = _get_str(buf, off)
+        self.last_included_index, self.last_included_term, self.offset, done = _INSTALL.unpack_from(buf, off)
+        self.done = bool(done)
+        off += _INSTALL.size
+        (n,) = _U32.unpack_from(buf, off)
+        off += 4
+        if off + n > len(buf):
+            raise DLedgerException(DLedgerResponseCode.UNEXPECTED_ARGUMENT, "snapshot chunk overruns frame")
+        self.data = bytes(buf[off:off + n])
+        return off + n
+
+
+@dataclass(slots=True)
+class InstallSnapshotResponse(RequestOrResponse):
+    """`end_index`: the follower's log end after the chunk (the snapshot's index once installed)."""
+
+    end_index: int = -1
+    request_code: ClassVar[RequestCode] = RequestCode.INSTALL_SNAPSHOT
+
+    def _enc(self, out: list[bytes]) -> None:
+        out.append(_Q.pack(self.end_index))
+
+    def _dec(self, buf: memoryview, off: int) -> int:
+        (self.end_index,) = _Q.unpack_from(buf, off)
+        return off + 8
+
+
 REQUEST_TYPES: dict[int, type[RequestOrResponse]] = {
     c.request_code: c
     for c in (
@@ -402,6 +454,7 @@ REQUEST_TYPES: dict[int, type[RequestOrResponse]] = {
         GetEntriesRequest,
         MetadataRequest,
         LeadershipTransferRequest,
+        InstallSnapshotRequest,
     )
 }
 RESPONSE_TYPES: dict[int, type[RequestOrResponse]] = {
@@ -414,6 +467,7 @@ RESPONSE_TYPES: dict[int, type[RequestOrResponse]] = {
         GetEntriesResponse,
         MetadataResponse,
         LeadershipTransferResponse,
+        InstallSnapshotResponse,
     )
 }
 
@@ -521,6 +575,7 @@ class RpcHandler(Protocol):
     async def handle_leadership_transfer(
         self, req: LeadershipTransferRequest
     ) -> LeadershipTransferResponse: ...
+    async def handle_install_snapshot(self, req: InstallSnapshotRequest) -> InstallSnapshotResponse: ...
 
 
 _HANDLERS: dict[int, Callable[[RpcHandler, Any], Awaitable[RequestOrResponse]]] = {
@@ -531,6 +586,7 @@ _HANDLERS: dict[int, Callable[[RpcHandler, Any], Awaitable[RequestOrResponse]]] 
     RequestCode.GET: lambda h, req: h.handle_get(req),
     RequestCode.METADATA: lambda h, req: h.handle_metadata(req),
     RequestCode.LEADERSHIP_TRANSFER: lambda h, req: h.handle_leadership_transfer(req),
+    RequestCode.INSTALL_SNAPSHOT: lambda h, req: h.handle_install_snapshot(req),
 }
 
 
@@ -591,4 +647,9 @@ class RpcService(ABC):
     async def leadership_transfer(
         self, peer_id: str, req: LeadershipTransferRequest, timeout_s: float = 3.0
     ) -> LeadershipTransferResponse:
+        return await self.call(peer_id, req, timeout_s)
+
+    async def install_snapshot(
+        self, peer_id: str, req: InstallSnapshotRequest, timeout_s: float = 3.0
+    ) -> InstallSnapshotResponse:
         return await self.call(peer_id, req, timeout_s)

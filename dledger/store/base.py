@@ -36,6 +36,9 @@ class DLedgerStore(ABC):
     ledger_end_term: int = -1
     committed_index: int = -1
     committed_pos: int = -1
+    # Term of entry `ledger_begin_index - 1` when the log starts right after a snapshot of it
+    # (DLedger's ledgerBeforeBeginTerm; -1: unknown, e.g. the prefix went by retention only).
+    ledger_before_begin_term: int = -1
     append_hooks: list[AppendHook]
     # Recovery had to cut entries it had acknowledged (a corrupt log): the index it must reach
     # again before this member votes or campaigns (-1: none). `MemberState.check_recovering` reads it.
@@ -126,6 +129,22 @@ class DLedgerStore(ABC):
         """Entries `first`..`last` inclusive (each checked as by `get`); stores override this with
         a cheaper contiguous read."""
         return [self.get(i) for i in range(first, last + 1)]
+
+    def term_at(self, index: int) -> int:
+        """Term of entry `index`, including the entry a snapshot ends with right before the log's
+        begin (the prev term of the first push after an install)."""
+        if index == self.ledger_end_index:
+            return self.ledger_end_term
+        if index == self.ledger_begin_index - 1 and self.ledger_before_begin_term >= 0:
+            return self.ledger_before_begin_term
+        return self.get(index).term
+
+    @abstractmethod
+    def reset_to_snapshot(self, index: int, term: int, end_pos: int) -> None:
+        """Replace the whole log by a snapshot of everything up to `index` (InstallSnapshot, or a
+        stored snapshot ahead of a log cut back at start): every entry is dropped, end index /
+        term become the snapshot's, and entry `index + 1` will be written at `end_pos` (where
+        the leader holds it). Durable before it returns."""
 
     @abstractmethod
     def truncate(self, entry: DLedgerEntry, leader_term: int, leader_id: str) -> int:

@@ -32,6 +32,7 @@ class FlushedStore(Protocol):
     data_file_list: MmapFileList
     index_file_list: MmapFileList
     checkpoint_path: str
+    ledger_begin_index: int
     ledger_end_index: int
     committed_index: int
 
@@ -197,6 +198,8 @@ class FlushDataService:
         with self._checkpoint_lock:
             # committedIndex is never recorded above what is on disk, so recovery may rely on it.
             cp = Checkpoint(store.ledger_end_index, min(store.committed_index, store.flushed_index))
+            if store.ledger_begin_index > store.ledger_end_index:
+                cp = Checkpoint()  # no entry stored (the log starts after a snapshot): nothing to vouch for
             if cp != self._last_checkpoint:
                 write_checkpoint(store.checkpoint_path, cp)
                 self._last_checkpoint = cp

@@ -23,7 +23,9 @@ _FSYNC_DELAY_S = 0.002
 
 
 class DLedgerMemoryStore(DLedgerStore):
-    """In-memory `DLedgerStore` (no compaction: begin index is 0 once anything is written)."""
+    """In-memory `DLedgerStore`. Its log begins at 0 unless a prefix was deleted
+    (`delete_prefix`, the simulator's retention) or the log was replaced by a snapshot
+    (`reset_to_snapshot`): `_base` is the index of `_entries[0]`, `_base_pos` where it starts."""
 
     zero_copy_reads = False  # get_data re-encodes: dispatchers must not use it on the hot path
 
@@ -32,6 +34,8 @@ class DLedgerMemoryStore(DLedgerStore):
         self.append_hooks = []
         self.corrupt_cut_listeners = []
         self._entries: list[DLedgerEntry] = []
+        self._base = 0
+        self._base_pos = 0
         self.ledger_begin_index = -1
         self.ledger_end_index = -1
         self.ledger_end_term = -1
@@ -55,12 +59,13 @@ class DLedgerMemoryStore(DLedgerStore):
     def _append(self, entry: DLedgerEntry) -> DLedgerEntry:
         entry.compute_size_in_bytes()
         entry.body_crc = body_crc32(entry.body)
+        if not self._entries:
+            self._base, self._base_pos = entry.index, entry.pos
+            self.ledger_begin_index = entry.index
         self._entries.append(entry)
         self._end_pos += entry.size
         self.ledger_end_index = entry.index
         self.ledger_end_term = entry.term
-        if self.ledger_begin_index == -1:
-            self.ledger_begin_index = 0
         return entry
 
     def append_as_leader(self, entry: DLedgerEntry, term: int) -> DLedgerEntry:
@@ -137,12 +142,12 @@ class DLedgerMemoryStore(DLedgerStore):
 
     # -- reads ----------------------------------------------------------------------------
     def get(self, index: int) -> DLedgerEntry:
-        if index < 0 or index > self.ledger_end_index:
+        if index < 0 or index < self.ledger_begin_index or index > self.ledger_end_index:
             raise DLedgerException(
                 DLedgerResponseCode.INDEX_OUT_OF_RANGE,
                 f"index {index} outside [{self.ledger_begin_index}, {self.ledger_end_index}]",
             )
-        return self._entries[index]
+        return self._entries[index - self._base]
 
     def get_data(self, pos: int, size: int) -> bytes:
         """Raw bytes at a global position (re-encodes the entries overlapping the range)."""
@@ -160,7 +165,7 @@ class DLedgerMemoryStore(DLedgerStore):
 
     @property
     def data_begin_pos(self) -> int:
-        return 0 if self._entries else -1
+        return self._base_pos if self._entries else -1
 
     @property
     def data_end_pos(self) -> int:
@@ -168,7 +173,7 @@ class DLedgerMemoryStore(DLedgerStore):
 
     # -- truncation and commit ------------------------------------------------------------
     def _cut_after(self, index: int) -> None:
-        """Keep entries [0, index]; record where the log changed."""
+        """Keep entries up to `index`; record where the log changed."""
         if index < self.ledger_end_index:
             if index < self.committed_index:
                 self.violations.append(f"cut after {index} below committed {self.committed_index}")
@@ -176,17 +181,45 @@ class DLedgerMemoryStore(DLedgerStore):
             self.low_water_modified = (
                 cut if self.low_water_modified is None else min(self.low_water_modified, cut)
             )
-            del self._entries[cut:]
+            del self._entries[max(cut - self._base, 0):]
         self.ledger_end_index = index
         if self._entries:
             last = self._entries[-1]
             self.ledger_end_term = last.term
             self._end_pos = last.pos + last.size
+        elif self._base > 0 and index == self._base - 1:
+            self.ledger_end_term = self.ledger_before_begin_term  # back to where a snapshot left it
+            self._end_pos = self._base_pos
         else:
             self.ledger_end_term = -1
             self._end_pos = 0
+            self._base = self._base_pos = 0
             self.ledger_begin_index = -1
         self._flushed_index = min(self._flushed_index, index)
+
+    def delete_prefix(self, upto: int) -> int:
+        """Drop the entries before `upto` (the simulator's retention), never one that is not
+        committed or that the retention floor keeps; returns how many went."""
+        limit = min(upto, self.committed_index + 1, self.ledger_end_index)
+        floor = self.retention_floor() if self.retention_floor is not None else None
+        if floor is not None:
+            limit = min(limit, floor)
+        n = limit - self._base
+        if n <= 0 or not self._entries:
+            return 0
+        self.ledger_before_begin_term = self._entries[n - 1].term
+        del self._entries[:n]
+        self._base = self.ledger_begin_index = limit
+        self._base_pos = self._entries[0].pos
+        return n
+
+    def reset_to_snapshot(self, index: int, term: int, end_pos: int) -> None:
+        self._entries = []
+        self._base, self._base_pos, self._end_pos = index + 1, end_pos, end_pos
+        self.ledger_begin_index, self.ledger_end_index, self.ledger_end_term = index + 1, index, term
+        self.ledger_before_begin_term = term
+        self.committed_index, self.committed_pos = index, end_pos
+        self._flushed_index = index
 
     def truncate(self, entry: DLedgerEntry, leader_term: int, leader_id: str) -> int:
         idx = entry.index
@@ -195,8 +228,8 @@ class DLedgerMemoryStore(DLedgerStore):
                 DLedgerResponseCode.INCONSISTENT_INDEX,
                 f"truncate at {idx} beyond end {self.ledger_end_index} + 1",
             )
-        if idx <= self.ledger_end_index:
-            mine = self._entries[idx]
+        if self.ledger_begin_index <= idx <= self.ledger_end_index:
+            mine = self._entries[idx - self._base]
             if mine.term == entry.term and mine.pos == entry.pos and mine.body == entry.body:
                 self._cut_after(idx)
                 return self.ledger_end_index
@@ -211,7 +244,7 @@ class DLedgerMemoryStore(DLedgerStore):
         if committed_index <= self.committed_index:
             return
         self.committed_index = committed_index
-        e = self._entries[committed_index]
+        e = self._entries[committed_index - self._base]
         self.committed_pos = e.pos + e.size
 
     # -- flushing -------------------------------------------------------------------------
@@ -256,9 +289,11 @@ class DLedgerMemoryStore(DLedgerStore):
 
     async def start(self) -> None:
         self.committed_index = min(self.committed_index, self.ledger_end_index)
-        if self.committed_index >= 0:
-            e = self._entries[self.committed_index]
+        if self.committed_index >= self.ledger_begin_index >= 0 and self._entries:
+            e = self._entries[self.committed_index - self._base]
             self.committed_pos = e.pos + e.size
+        elif self.committed_index >= 0:
+            self.committed_pos = self._base_pos
         else:
             self.committed_pos = -1
         self._fsync_scheduled = False

@@ -36,7 +36,13 @@ from dledger.entry import (
     body_crc32,
 )
 from dledger.store.base import DLedgerStore
-from dledger.store.checkpoint import CATCHUP_FILE, CHECKPOINT_FILE, write_catchup_watermark
+from dledger.store.checkpoint import (
+    CATCHUP_FILE,
+    CHECKPOINT_FILE,
+    Checkpoint,
+    write_catchup_watermark,
+    write_checkpoint,
+)
 from dledger.store.clean_space import CleanSpaceService
 from dledger.store.file_list import WRITE_THROUGH_FD, MmapFile, MmapFileList
 from dledger.store.flush_service import FlushDataService
@@ -253,7 +259,7 @@ class DLedgerMmapFileStore(DLedgerStore):
             raise
         self.ledger_end_index = index
         self.ledger_end_term = term
-        if self.ledger_begin_index == -1:
+        if self._data_begin_pos < 0:  # the first entry stored (the log may start after a snapshot)
             self.ledger_begin_index = index
             self._data_begin_pos = pos
         return entry
@@ -392,7 +398,7 @@ class DLedgerMmapFileStore(DLedgerStore):
         self._append_index_records(records, first_index, first_pos)
         self.ledger_end_index = index - 1
         self.ledger_end_term = term
-        if self.ledger_begin_index == -1:
+        if self._data_begin_pos < 0:  # the first entry stored (the log may start after a snapshot)
             self.ledger_begin_index = first_index
             self._data_begin_pos = first_pos
         return list(entries)
@@ -512,7 +518,7 @@ class DLedgerMmapFileStore(DLedgerStore):
             raise
         self.ledger_end_index = run.last_index
         self.ledger_end_term = run.last_term
-        if self.ledger_begin_index == -1:
+        if self._data_begin_pos < 0:  # the first entry stored (the log may start after a snapshot)
             self.ledger_begin_index = first_index
             self._data_begin_pos = first_pos
 
@@ -555,7 +561,7 @@ class DLedgerMmapFileStore(DLedgerStore):
             raise
         self.ledger_end_index = entry.index
         self.ledger_end_term = entry.term
-        if self.ledger_begin_index == -1:
+        if self._data_begin_pos < 0:  # the first entry stored (the log may start after a snapshot)
             self.ledger_begin_index = entry.index
             self._data_begin_pos = entry.pos
 
@@ -751,6 +757,27 @@ class DLedgerMmapFileStore(DLedgerStore):
         log.info("event=store_truncated %s index=%d existed=%s end=%d leader=%s term=%d", self.log_ctx,
                  entry.index, existed, self.ledger_end_index, leader_id, leader_term)
         return self.ledger_end_index
+
+    def reset_to_snapshot(self, index: int, term: int, end_pos: int) -> None:
+        """See `DLedgerStore.reset_to_snapshot`. The checkpoint is cleared first: with no entry
+        stored, a committed index in it would make the next start take the store for a wiped one
+        (the server re-applies the snapshot at start instead)."""
+        if self._closed or not self._recovered:
+            raise DLedgerException(_E.DISK_ERROR, f"store {self.config.default_path()} is not open")
+        write_checkpoint(self.checkpoint_path, Checkpoint())
+        self._truncate_epoch += 1
+        self.flush_service.fail_waiters(DLedgerException(_E.INCONSISTENT_STATE, "log replaced by a snapshot"))
+        self.data_file_list.rebuild_with_pos(end_pos)
+        self.index_file_list.rebuild_with_pos((index + 1) * INDEX_UNIT_SIZE, use_blank=False)
+        self.ledger_begin_index, self.ledger_end_index, self.ledger_end_term = index + 1, index, term
+        self.ledger_before_begin_term = term
+        self.committed_index, self.committed_pos = index, end_pos
+        self._data_begin_pos = -1
+        self._flushed_index = index
+        if 0 <= self.catchup_watermark <= index:
+            self.clear_catchup_watermark()
+        log.warning("event=log_reset_to_snapshot %s index=%d term=%d nextPos=%d", self.log_ctx, index, term,
+                    end_pos)
 
     def cut_corrupt_log(self, pos: int, last_index: int, reason: str) -> None:
         """Cut the log at data position `pos` (right after entry `last_index`, which is good)

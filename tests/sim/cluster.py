@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from dledger.codes import DLedgerException
 from dledger.config import DLedgerConfig
 from dledger.member_state import Role
 from dledger.rpc.memory import MemoryNetwork, MemoryRpcService
 from dledger.server import DLedgerServer
+from dledger.snapshot import MemorySnapshotStore
+from dledger.statemachine import StateMachine
 from dledger.store.memory_store import DLedgerMemoryStore
 
 
@@ -31,6 +35,8 @@ class SimMember:
     last_commit: int = -1  # commit index seen in this incarnation (must not go backwards)
     checked_upto: int = -1  # committed entries compared with the reference log
     incarnation: int = 0
+    snapshots: MemorySnapshotStore = field(default_factory=MemorySnapshotStore)  # kept like the store
+    machine: StateMachine | None = None  # this incarnation's (with a machine factory)
 
 
 @dataclass
@@ -41,6 +47,8 @@ class SimCluster:
     seed: int
     sync_flush: bool = False
     unsafe_ack: bool = False  # test-only: ack before quorum, to prove the checkers catch losses
+    dledger_overrides: dict[str, Any] = field(default_factory=dict)  # DLedgerConfig fields
+    machine_factory: Callable[[], StateMachine] | None = None  # a state machine per incarnation
     members: dict[str, SimMember] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -61,6 +69,8 @@ class SimCluster:
                 max_wait_ack_time_ms=2500,
                 unsafe_ack_before_quorum=self.unsafe_ack,
             )
+            for name, value in self.dledger_overrides.items():
+                setattr(cfg, name, value)
             self.members[m] = SimMember(m, cfg, DLedgerMemoryStore(cfg))
         self.leaders_by_term: dict[int, str] = {}
         self.committed_ref: dict[int, tuple[int, int, bytes]] = {}  # index -> (term, magic, body)
@@ -77,7 +87,11 @@ class SimCluster:
     # -- lifecycle ------------------------------------------------------------------------
     async def start_member(self, m: SimMember) -> None:
         rpc = MemoryRpcService(self.network, m.member_id)
-        m.server = DLedgerServer(m.config, rpc=rpc, store=m.store, rng=random.Random(self.rng.random()))
+        m.server = DLedgerServer(m.config, rpc=rpc, store=m.store, rng=random.Random(self.rng.random()),
+                                 snapshots=m.snapshots)
+        if self.machine_factory is not None:
+            m.machine = self.machine_factory()
+            m.server.set_state_machine(m.machine)
         self.network.down.discard(m.member_id)
         m.incarnation += 1
         m.last_commit = -1
@@ -96,6 +110,16 @@ class SimCluster:
         await server.shutdown(graceful=False)
         m.store.crash(lose_unflushed=lose_unflushed)
         m.checked_upto = min(m.checked_upto, m.store.committed_index)
+
+    def wipe(self, m: SimMember) -> None:
+        """A replaced machine: a stopped member's log and snapshots are gone (its term and vote
+        are kept: a member forgetting its vote could vote twice in a term, which the invariants
+        would rightly flag)."""
+        assert m.server is None, "wipe a crashed member"
+        fresh = DLedgerMemoryStore(m.config)
+        fresh.term_state = m.store.term_state
+        m.store, m.snapshots = fresh, MemorySnapshotStore(m.config.max_snapshot_reserved_num)
+        m.checked_upto = -1
 
     async def stop(self) -> None:
         for t in list(self.client_tasks):
@@ -195,7 +219,8 @@ class SimCluster:
         if c < m.last_commit:
             raise InvariantViolation(f"{m.member_id} commit index went back {m.last_commit} -> {c}")
         m.last_commit = c
-        for i in range(m.checked_upto + 1, c + 1):
+        # Entries before the log's begin went by retention or were replaced by a snapshot.
+        for i in range(max(m.checked_upto + 1, store.ledger_begin_index), c + 1):
             e = store.get(i)
             mine = (e.term, e.magic, e.body)
             ref = self.committed_ref.setdefault(i, mine)
@@ -209,6 +234,8 @@ class SimCluster:
         store = m.store
         if index > store.ledger_end_index:
             return False
+        if index < store.ledger_begin_index:
+            return index <= store.committed_index  # compacted: committed, so part of the snapshot
         e = store.get(index)
         return e.term == term and e.body == body
 
