@@ -6,9 +6,12 @@ import asyncio
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.entry import DLedgerEntry
+from dledger.rpc import auth
 from dledger.rpc.protocol import (
     FRAME_HEAD,
     KIND_REQUEST,
@@ -238,3 +241,68 @@ def test_push_with_raw_stored_bytes_encodes_exactly_like_entry_by_entry() -> Non
     assert plain == fast
     back = decode_frame_body(KIND_REQUEST, 51004, memoryview(fast)[FRAME_HEAD.size :])
     assert [e.body for e in back.entries] == [e.body for e in entries]  # type: ignore[attr-defined]
+
+
+KEY_A = b"a" * 40
+KEY_B = b"b" * 40
+
+
+async def test_tcp_peer_auth_accepts_the_secret_and_a_rotated_key_and_refuses_others() -> None:
+    """The handshake runs before any frame: a client holding one of the member's keys talks to
+    it (rotation: the member accepts [new, old], a client still on the old key gets in); one with
+    another key, or none, never gets an answer."""
+    peers = {"n0": f"127.0.0.1:{free_port()}"}
+    server = TcpRpcService("g", "n0", peers, auth=auth.PeerAuth("g", "n0", [KEY_B, KEY_A]))
+    server.register_handler(Echo())  # type: ignore[arg-type]
+    await server.start()
+    old_key = TcpRpcService("g", "c", peers, listen=False, auth=auth.PeerAuth("g", "c", [KEY_A]))
+    wrong = TcpRpcService("g", "w", peers, listen=False, auth=auth.PeerAuth("g", "w", [b"w" * 40]))
+    plain = TcpRpcService("g", "p", peers, listen=False)
+    try:
+        hb = HeartBeatRequest(group="g", remote_id="n0", local_id="c", term=7)
+        resp = await old_key.heartbeat("n0", hb, 2.0)
+        assert resp.term == 7
+        for client, who in ((wrong, "w"), (plain, "p")):
+            with pytest.raises(DLedgerException) as ex:
+                hb = HeartBeatRequest(group="g", remote_id="n0", local_id=who, term=1)
+                await client.heartbeat("n0", hb, 1.0)
+            assert ex.value.code in (DLedgerResponseCode.NETWORK_ERROR, DLedgerResponseCode.TIMEOUT)
+        assert server.pending_handshakes == 0
+    finally:
+        for s in (old_key, wrong, plain, server):
+            await s.shutdown()
+
+
+async def test_tcp_peer_auth_binds_the_connection_to_the_authenticated_member() -> None:
+    peers = {"n0": f"127.0.0.1:{free_port()}"}
+    server = TcpRpcService("g", "n0", peers, auth=auth.PeerAuth("g", "n0", [KEY_A]))
+    server.register_handler(Echo())  # type: ignore[arg-type]
+    await server.start()
+    client = TcpRpcService("g", "n1", peers, listen=False, auth=auth.PeerAuth("g", "n1", [KEY_A]))
+    try:
+        ok = await client.heartbeat("n0", HeartBeatRequest(group="g", remote_id="n0", local_id="n1", term=3),
+                                    2.0)
+        assert ok.term == 3
+        with pytest.raises(DLedgerException):  # speaking as n2 on n1's connection: closed, no answer
+            await client.heartbeat("n0", HeartBeatRequest(group="g", remote_id="n0", local_id="n2", term=4),
+                                   1.0)
+    finally:
+        await client.shutdown()
+        await server.shutdown()
+
+
+@given(data=st.binary(max_size=600))
+@settings(max_examples=300, deadline=None)
+def test_any_bytes_fed_to_the_accepting_handshake_are_refused_cleanly(data: bytes) -> None:
+    """Whatever arrives before authentication ends in HandshakeError (a refusal) or waits for
+    more bytes; never another exception, never an OK without the secret."""
+    acceptor = auth.PeerAuth("g", "n0", [KEY_A]).acceptor()
+    buf = data
+    try:
+        while (msg := auth.read_message(buf)) is not None:
+            mtype, body, used = msg
+            acceptor.on_message(mtype, body)
+            buf = buf[used:]
+    except auth.HandshakeError:
+        pass
+    assert not acceptor.complete
