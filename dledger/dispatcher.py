@@ -569,6 +569,17 @@ class EntryDispatcher:
                     self.inflight.pop(first, None)
                 self.pusher.update_peer_water_mark(self.term, self.peer_id, resp.index)
                 self.wake.set()
+            elif (req.type == PushType.COMMIT and resp.end_index < self.match_index
+                  and generation == self.generation and self.state == DispatchState.APPEND):
+                # The follower holds less than it acknowledged (its store was wiped or cut while we
+                # had nothing to push, DLedger #61): find out anew where it stands.
+                log.info("event=follower_behind_its_watermark group=%s selfId=%s peer=%s term=%d end=%d "
+                         "watermark=%d: back to COMPARE", self.ms.group, self.ms.self_id, self.peer_id,
+                         self.term, resp.end_index, self.match_index)
+                self.state = DispatchState.COMPARE
+                self.generation += 1
+                self.inflight.clear()
+                self.wake.set()
             return
         if code == DLedgerResponseCode.REPEATED_PUSH or generation != self.generation:
             return

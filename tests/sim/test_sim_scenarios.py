@@ -262,3 +262,30 @@ def test_leader_refuses_appends_past_max_pending_entries_counted_in_entries() ->
         assert len(big) == 30
 
     run(body)
+
+
+def test_idle_leader_resyncs_a_follower_that_came_back_with_an_empty_log() -> None:
+    """DLedger #61: a follower whose store was wiped and that restarted before the leader saw any
+    push fail answers the leader's periodic COMMIT with an end index below what it acknowledged;
+    the leader goes back to COMPARE and re-sends its log although nothing new is appended."""
+
+    async def body(c: SimCluster) -> None:
+        leader = await wait_leader(c)
+        assert leader.server is not None
+        for i in range(0, 40, 5):
+            await leader.server.append([f"v{j}".encode() for j in range(i, i + 5)])
+        await asyncio.sleep(1.0)
+        end = leader.store.ledger_end_index
+        victim = next(m for m in c.members.values() if m is not leader)
+        assert victim.store.ledger_end_index == end
+        await c.crash(victim, lose_unflushed=False)
+        c.wipe(victim)
+        await c.start_member(victim)  # back at once: no push to it has failed meanwhile
+        for _ in range(60):  # 3 s with nothing appended
+            await asyncio.sleep(0.05)
+            if victim.store.ledger_end_index == end:
+                break
+        assert victim.store.ledger_end_index == end
+        assert victim.store.get(end).body == leader.store.get(end).body
+
+    run(body)
