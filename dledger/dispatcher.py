@@ -10,14 +10,16 @@ to send the dispatcher pushes COMMIT (the commit index) when it moved, and at le
 A follower further behind than `peer_push_throttle_point` bytes gets at most `peer_push_quota`
 bytes per second.
 
-A batch without an answer for `max_push_time_out_ms`, or a network error, puts the dispatcher in
-*probe* mode (etcd raft's Progress "probe" state): instead of resending the whole window, it sends
-one entry from the follower's watermark, and after each unanswered probe waits twice as long
-(`_PROBE_BACKOFF_MIN_S` doubling to `_PROBE_BACKOFF_MAX_S`) before the next one. The first answer
-ends it and the pipeline refills at once; so does an answered heartbeat (`on_peer_alive`), so a
-follower coming back is pushed to within a heartbeat interval whatever the backoff. A follower
-cut off for 10 s therefore costs the bytes in flight when it went away plus a few one-entry probes
-(it cost the whole window every second: 138 MB in one 10 s partition).
+A batch without an answer for `max_push_time_out_ms`, or a network error, sends the dispatcher
+back to COMPARE in *probe* mode (etcd raft's Progress "probe" state): instead of resending the
+whole window, it asks the follower where it stands with one single-entry COMPARE, and after each
+unanswered one waits twice as long (`_PROBE_BACKOFF_MIN_S` doubling to `_PROBE_BACKOFF_MAX_S`)
+before the next. The first answer ends it (COMPARE finds the follower's end in a round trip or
+two, then the pipeline refills); an answered heartbeat (`on_peer_alive`) cuts the wait short, so a
+follower coming back — a partition healed, or a restarted process with a shorter log — is asked
+within a heartbeat interval whatever the backoff. A follower cut off for 10 s therefore costs the
+bytes in flight when it went away plus a few single-entry probes (it cost the whole window every
+push timeout: 138 MB in one 10 s partition).
 """
 
 from __future__ import annotations
@@ -119,7 +121,6 @@ class EntryDispatcher:
         # Probe mode (see the module docstring): failures since the last answer, when the next
         # probe may go, and when probing began (for the log line that ends it).
         self.probe_failures = 0
-        self.next_probe_at = 0.0
         self.probing_since = 0.0
         self._installed: tuple[int, int] | None = None  # (index, term) of the snapshot last installed
         self.quota_window = 0.0
@@ -171,7 +172,9 @@ class EntryDispatcher:
                     continue
                 now = self.pusher.clock()
                 self._check_timeout(now)
-                wait_s = self._probe(now) if self.probe_failures else self._fill_pipeline(now)
+                if self.state != DispatchState.APPEND:
+                    continue  # the oldest push went unanswered: probe with COMPARE, not the window
+                wait_s = self._fill_pipeline(now)
                 await self._wait(wait_s)
             except asyncio.CancelledError:
                 raise
@@ -199,18 +202,20 @@ class EntryDispatcher:
         return min(_PROBE_BACKOFF_MIN_S * (1 << min(self.probe_failures - 1, 16)), _PROBE_BACKOFF_MAX_S)
 
     def _push_failed(self, now: float, why: str) -> None:
-        """A push got no answer: resend from the watermark, one probe at a time, backing off."""
+        """A push got no answer: drop the window and ask where the follower stands (COMPARE, in
+        probe mode: backing off while it does not answer)."""
         if not self.probe_failures:
             self.probing_since = now
             log.info("event=push_probe_start group=%s selfId=%s peer=%s term=%d from=%d reason=%s",
                      self.ms.group, self.ms.self_id, self.peer_id, self.term, self.match_index + 1, why)
         self.probe_failures += 1
-        self.next_probe_at = now + self._probe_backoff_s()
-        self._restart_from(self.match_index)
+        self.state = DispatchState.COMPARE
+        self.generation += 1
+        self.inflight.clear()
         self.wake.set()
 
     def _answered(self) -> None:
-        """The follower answered: leave probe mode, the pipeline refills at once."""
+        """The follower answered: leave probe mode."""
         if self.probe_failures:
             log.info("event=push_probe_end group=%s selfId=%s peer=%s term=%d probes=%d seconds=%.3f",
                      self.ms.group, self.ms.self_id, self.peer_id, self.term, self.probe_failures,
@@ -220,33 +225,8 @@ class EntryDispatcher:
 
     def on_peer_alive(self) -> None:
         """The follower answered a heartbeat: probe now rather than after the backoff."""
-        if self.probe_failures and not self.inflight:
-            self.next_probe_at = 0.0
+        if self.probe_failures:
             self.alive.set()
-            self.wake.set()
-
-    def _probe(self, now: float) -> float | None:
-        """Probe mode: one entry from the watermark, none while one is unanswered or before the
-        backoff has passed. Returns how long to wait before looking again."""
-        if self.inflight:
-            return next(iter(self.inflight.values())) + self.timeout_s - now
-        if now < self.next_probe_at:
-            return self.next_probe_at - now
-        if self.write_index > self.pusher.store.ledger_end_index:
-            # Nothing to resend: the probe is a COMMIT (its answer ends probe mode, and a follower
-            # that comes back learns the commit index without waiting for the next append).
-            self.probe_failures += 1
-            self.next_probe_at = now + max(self._probe_backoff_s(), self.timeout_s)
-            self._send(self._request(PushType.COMMIT, []))
-            self.last_commit_sent = self.pusher.store.committed_index
-            return self.next_probe_at - now
-        req = self._request(PushType.APPEND, [self.pusher.get_entry(self.write_index)])
-        self.prev_index, self.prev_term = self.write_index, req.entries[0].term
-        self.last_commit_sent = max(self.last_commit_sent, req.commit_index)
-        self.inflight[self.write_index] = now
-        self.write_index += 1
-        self._send(req)
-        return self.timeout_s
 
     # -- COMPARE / TRUNCATE / INSTALL_SNAPSHOT ----------------------------------------------
     async def _ask(self, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
