@@ -897,8 +897,10 @@ class DLedgerMmapFileStore(DLedgerStore):
         limit = self.committed_pos
         floor = self.retention_floor() if self.retention_floor is not None else None
         if floor is not None and floor <= self.ledger_end_index:
-            limit = min(limit, self.get_entry_pos_and_size(floor)[0] if floor >= self.ledger_begin_index
-                        else self._data_begin_pos)
+            if floor < max(self.ledger_begin_index, 0):
+                limit = min(limit, self._data_begin_pos)  # what it needs is gone already: keep the rest
+            else:
+                limit = min(limit, self.get_entry_pos_and_size(floor)[0])
         return limit
 
     def revise_ledger_begin_index(self) -> None:

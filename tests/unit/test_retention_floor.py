@@ -73,6 +73,24 @@ def test_expiry_stops_at_the_retention_floor(tmp_path: Path) -> None:
     store.close_without_flush()
 
 
+def test_a_floor_before_anything_is_stored_keeps_everything(tmp_path: Path) -> None:
+    """A machine that has applied nothing yet answers -1 (or an index retention already passed):
+    nothing may go, and the disk check does not fail (it runs first thing at start)."""
+    cfg = DLedgerConfig(group=GROUP, self_id="n0", peers="n0-127.0.0.1:1", store_base_dir=str(tmp_path),
+                        mapped_file_size_for_entry_data=DATA_FILE, mapped_file_size_for_entry_index=32 * 1024,
+                        file_reserved_hours=1, delete_when="99")  # fmt: skip
+    store = DLedgerMmapFileStore(cfg, disk_used_ratio=lambda: 0.75)
+    store.recover()
+    store.set_retention_floor(lambda: -1)
+    assert store.check_disk_space() == 0  # empty log
+    for i in range(1000):
+        store.append_as_leader(DLedgerEntry(body=body(i)), 1)
+    store.update_committed_index(1, 999)
+    age_data_files(store)
+    assert expire_all(store) == 0 and store.ledger_begin_index == 0
+    store.close_without_flush()
+
+
 class KeepFrom(StateMachine):
     """Applies nothing; asks the log to keep every entry from `floor` on."""
 
