@@ -59,6 +59,22 @@ def test_max_pending_requests_num_reaches_the_dledger_config(tmp_path):
     assert ei.value.key == "maxPendingRequestsNum"
 
 
+def test_peer_secret_file_reaches_the_dledger_config_and_a_loose_one_is_refused(tmp_path):
+    secret = tmp_path / "peer.secret"
+    secret.write_text("s" * 64 + "\n")
+    secret.chmod(0o600)
+    p = tmp_path / "b.conf"
+    p.write_text(ROCKETMQ_N0.format(root=tmp_path)
+                 + f"peerSecretFile={secret}\npeerHandshakeTimeoutMs=3000\n")
+    dc = load_broker_config(str(p)).to_dledger_config()
+    assert dc.peer_secret_file == str(secret) and dc.peer_handshake_timeout_ms == 3000
+    assert dc.peer_auth() is not None
+    secret.chmod(0o644)  # readable by others: refused at start, naming the key and the fix
+    with pytest.raises(ConfigError) as ei:
+        load_broker_config(str(p))
+    assert ei.value.key == "peerSecretFile" and "chmod 600" in ei.value.reason
+
+
 def test_typo_refused_with_file_line_and_nearest_key(tmp_path):
     p = tmp_path / "b.conf"
     p.write_text("brokerName=a\nlistenPrt=1234\n")
