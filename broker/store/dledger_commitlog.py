@@ -139,7 +139,10 @@ class DLedgerCommitLog:
         if self._keep_from is None:
             return None
         found = self.entry_index_at(self._keep_from())
-        return found if found >= 0 else self.dstore.ledger_begin_index
+        if found < 0:  # the floor is before the first entry: keep them all (none, in an empty log)
+            begin = self.dstore.ledger_begin_index
+            return begin if begin >= 0 else None
+        return found
 
     def entry_index_at(self, phys: int) -> int:
         """Index of the entry whose body holds commit-log position `phys` (-1: none, or unreadable):
