@@ -88,6 +88,22 @@ class TopicConfig:
     def to_record(self) -> dict[str, Any]:
         return asdict(self)
 
+    def check_writable(self) -> TopicConfig:
+        """This config, if its permission lets messages in; NO_PERMISSION otherwise."""
+        if not self.perm & PERM_WRITE:
+            raise BrokerError(BrokerCode.NO_PERMISSION, f"topic {self.topic_name!r} is not writeable "
+                              f"(perm {self.perm})", topic=self.topic_name)
+        return self
+
+    def check_write_queue(self, queue_id: Any, field: str = "queueId") -> int:
+        """`queue_id` if it is one of the write queues; QUEUE_NOT_EXIST naming `field` otherwise."""
+        if isinstance(queue_id, bool) or not isinstance(queue_id, int) \
+                or not 0 <= queue_id < self.write_queue_nums:
+            raise BrokerError(BrokerCode.QUEUE_NOT_EXIST, f"queue {queue_id!r} does not exist: topic "
+                              f"{self.topic_name!r} has {self.write_queue_nums} write queues",
+                              topic=self.topic_name, queueId=queue_id, field=field)
+        return queue_id
+
 
 def validate_queue_nums(read_queue_nums: Any, write_queue_nums: Any, perm: Any) -> None:
     """BrokerError(INVALID_REQUEST) naming the bad field."""
@@ -145,6 +161,15 @@ class TopicConfigManager:
         cfg = TopicConfig(topic, rq, wq, perm)
         await self._write(cfg.to_record())  # returns once the dispatcher applied it
         return self._topics.get(topic, cfg)
+
+    async def writable(self, topic: str) -> TopicConfig:
+        """The config of a topic messages may be put to: created first when it does not exist and
+        autoCreateTopicEnable (TOPIC_NOT_EXIST otherwise), NO_PERMISSION when not writable. The one
+        home of the rule for every producer path."""
+        cfg = self._topics.get(topic)
+        if cfg is None:
+            cfg = await self.auto_create(topic)
+        return cfg.check_writable()
 
     async def auto_create(self, topic: str) -> TopicConfig:
         """Create `topic` with defaultTopicQueueNums if autoCreateTopicEnable, else TOPIC_NOT_EXIST."""

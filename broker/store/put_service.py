@@ -27,7 +27,7 @@ from broker.role import BrokerRoleState
 from broker.store.base import CommitLog
 from broker.store.offsets import IdempotencyTable, PutResult
 from broker.store.reput import ReputMessageService
-from broker.topics import PERM_WRITE, TopicConfig, TopicConfigManager, validate_topic
+from broker.topics import TopicConfig, TopicConfigManager, validate_topic
 
 log = logging.getLogger("broker.store.message_store")
 
@@ -103,9 +103,7 @@ class PutMessageService:
         returned. Raises BrokerError; on an error nothing of the batch is stored."""
         cfg = self._writable_topic(topic, msgs, _system)
         if cfg is None:  # the topic's first message (no coroutine on the common path)
-            await self.topics.auto_create(topic)
-            cfg = self._writable_topic(topic, msgs, _system)
-            assert cfg is not None
+            cfg = await self.topics.writable(topic)
         queue_id = self._choose_queue(cfg, queue_id)
         results: list[PutResult | None] = [None] * len(msgs)
         waits: list[tuple[int, asyncio.Future[PutResult]]] = []
@@ -148,10 +146,7 @@ class PutMessageService:
             self.topics.ensure_from_data(topic, 0)
             cfg = self.topics.get(topic)
             assert cfg is not None
-        if not cfg.perm & PERM_WRITE:
-            raise BrokerError(BrokerCode.NO_PERMISSION, f"topic {topic!r} is not writeable (perm {cfg.perm})",
-                              topic=topic)
-        return cfg
+        return cfg.check_writable()
 
     def _choose_queue(self, cfg: TopicConfig, queue_id: int | None) -> int:
         """The caller's queue, checked; or the next one round-robin over the write queues."""
@@ -159,11 +154,7 @@ class PutMessageService:
             n = self._round_robin.get(cfg.topic_name, 0)
             self._round_robin[cfg.topic_name] = n + 1
             return n % cfg.write_queue_nums
-        if not isinstance(queue_id, int) or not 0 <= queue_id < cfg.write_queue_nums:
-            raise BrokerError(BrokerCode.QUEUE_NOT_EXIST, f"queue {queue_id!r} does not exist: topic "
-                              f"{cfg.topic_name!r} has {cfg.write_queue_nums} write queues",
-                              topic=cfg.topic_name, queueId=queue_id)
-        return queue_id
+        return cfg.check_write_queue(queue_id)
 
     def _claim_keys(self, topic: str, msgs: list[Message], results: list[PutResult | None],
                     waits: list[tuple[int, asyncio.Future[PutResult]]],
