@@ -12,18 +12,16 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dledger.config import DLedgerConfig, parse_peers
 from dledger.rpc.auth import load_peer_keys
+from wire.names import BROKER_NAME_RE
 
 log = logging.getLogger(__name__)
 
-# What a name server accepts as a brokerName (namesrv/app.py uses the same pattern).
-BROKER_NAME_PATTERN = r"[%A-Za-z0-9_\-|]{1,127}"
 
 
 class ConfigError(ValueError):
@@ -94,7 +92,7 @@ def _broker_name(v: str) -> str:
     # The name servers refuse a registration whose brokerName breaks this pattern, which would
     # leave the broker running but out of every route: refuse it here, at start.
     s = v.strip()
-    if not re.fullmatch(BROKER_NAME_PATTERN, s):
+    if not BROKER_NAME_RE.match(s):  # the name servers' rule (wire.names)
         raise ValueError(f"expected 1-127 of letters, digits, '%', '_', '-', '|', got {v!r}")
     return s
 

@@ -31,7 +31,6 @@ import functools
 import itertools
 import logging
 import os
-import socket
 import struct
 import time
 import uuid
@@ -41,6 +40,12 @@ from typing import NamedTuple
 from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, SIMD: ~15x faster on 100 KB entries
 
 from broker.errors import BrokerCode, BrokerError
+from wire.msgid import MessageIdError
+from wire.msgid import create_message_id as create_message_id  # re-exported: the msgId helpers
+from wire.msgid import decode_message_id as wire_decode_message_id
+from wire.msgid import message_id_prefix as message_id_prefix
+from wire.msgid import pack_host as pack_host
+from wire.msgid import unpack_host as unpack_host
 
 log = logging.getLogger(__name__)
 
@@ -113,51 +118,13 @@ def tags_hash_code(tags: str | None) -> int:
     return h - (1 << 32) if h >= 1 << 31 else h
 
 
-@functools.lru_cache(maxsize=1024)
-def pack_host(addr: str) -> tuple[bytes, int]:
-    """'host:port' -> (4 IPv4 bytes, port). A host name (brokerIP1=broker-n0 in docker-compose) is
-    resolved once (cached); one that does not resolve packs as 0.0.0.0, with a warning."""
-    host, _, port = addr.rpartition(":")
-    try:
-        ip = socket.inet_aton(host or "0.0.0.0")
-    except OSError:
-        try:
-            ip = socket.inet_aton(socket.gethostbyname(host))
-        except OSError as exc:
-            log.warning("event=store_host_unresolved host=%r error=%s msgIds carry 0.0.0.0", host, exc)
-            ip = b"\0\0\0\0"
-    return ip, int(port) if port.isdigit() else 0
-
-
-@functools.lru_cache(maxsize=1024)
-def unpack_host(ip: bytes, port: int) -> str:
-    """(4 IPv4 bytes, port) -> 'a.b.c.d:port' (cached: a store sees few distinct hosts)."""
-    return f"{socket.inet_ntoa(ip)}:{port}"
-
-
-@functools.lru_cache(maxsize=1024)
-def message_id_prefix(store_host: str) -> str:
-    """The first 16 hex digits of the offset message ids of `store_host` (IPv4 4 + port 4)."""
-    ip, port = pack_host(store_host)
-    return (ip + struct.pack(">I", port)).hex().upper()
-
-
-def create_message_id(store_host: str, phys_offset: int) -> str:
-    """Offset message id: store host (IPv4 4 + port 4) + physical offset 8, upper-case hex."""
-    return f"{message_id_prefix(store_host)}{phys_offset & 0xFFFFFFFFFFFFFFFF:016X}"
-
-
 def decode_message_id(msg_id: str) -> tuple[str, int]:
-    """(store host 'ip:port', physical offset) of an offset message id; BrokerError on bad input."""
+    """(store host 'ip:port', physical offset) of an offset message id (`wire.msgid`);
+    BrokerError INVALID_REQUEST naming `msgId` on bad input."""
     try:
-        raw = bytes.fromhex(msg_id)
-    except ValueError:
-        raw = b""
-    if len(raw) != 16:
-        raise BrokerError(BrokerCode.INVALID_REQUEST, f"bad msgId {msg_id!r}: expected 32 hex characters",
-                          field="msgId")
-    port, offset = struct.unpack_from(">Iq", raw, 4)
-    return unpack_host(raw[:4], port), offset
+        return wire_decode_message_id(msg_id)
+    except MessageIdError as exc:
+        raise BrokerError(BrokerCode.INVALID_REQUEST, str(exc), field="msgId") from None
 
 
 # UNIQ_KEY = 16 random hex digits fixed per process + a 64-bit counter: unique like a uuid4 (the

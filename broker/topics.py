@@ -20,11 +20,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from broker.errors import BrokerCode, BrokerError
+from wire.names import MAX_TOPIC_LENGTH as MAX_TOPIC_LENGTH  # re-exported: the name rules
+from wire.names import TOPIC_NAME_RE as TOPIC_NAME_RE
 
 log = logging.getLogger(__name__)
 
-TOPIC_NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
-MAX_TOPIC_LENGTH = 127
 MAX_QUEUE_NUMS = 1024
 
 PERM_PRIORITY = 8

@@ -17,20 +17,18 @@ from client.errors import (
     TopicNotExistError,
 )
 from client.transport import AsyncTransport, base_url, seg, split_addrs
+from wire.msgid import MessageIdError
+from wire.msgid import decode_message_id as wire_decode_message_id
 
 
 def decode_message_id(msg_id: str) -> tuple[str, int]:
-    """(store host `ip:port`, commit-log offset) of an offset message id: 32 hex digits, the
-    store host's IPv4 address (4 bytes) and port (4), then the offset (8), as broker/message.py's
-    `create_message_id` writes them. BadRequestError for anything else."""
+    """(store host `ip:port`, commit-log offset) of an offset message id (`wire.msgid`: 32 hex
+    digits, the store host's IPv4 address and port, then the offset). BadRequestError for
+    anything else."""
     try:
-        raw = bytes.fromhex(msg_id)
-    except ValueError:
-        raw = b""
-    if len(raw) != 16:
-        raise BadRequestError(f"bad msgId {msg_id[:80]!r}: expected 32 hex characters")
-    host = ".".join(str(b) for b in raw[:4])
-    return f"{host}:{int.from_bytes(raw[4:8], 'big')}", int.from_bytes(raw[8:], "big", signed=True)
+        return wire_decode_message_id(msg_id)
+    except MessageIdError as exc:
+        raise BadRequestError(str(exc)) from None
 
 
 def _host_port(addr: str) -> str:

@@ -1,61 +1,16 @@
-"""The SDK's table of LedgerMQ HTTP error codes (mirrors broker/errors.py ERROR_TABLE; the name
-server renders from it too), and the typed exceptions the SDK raises for them.
+"""The typed exceptions the SDK raises for the error codes of LedgerMQ servers.
 
-Servers (broker HTTP app, name server) render a code as an RFC 9457 `application/problem+json` body
-with `problem_body`; the SDK turns such a body back into an exception with `error_from_problem`.
-Both sides read `PROBLEM_CODES`, so a code, its HTTP status and its exception class are written once.
+The codes, their HTTP status and title are one table shared with the servers
+(`wire.codes.ErrorCode`); servers render them as RFC 9457 problem+json (`wire.problem`), and
+`error_from_problem` turns such an answer back into the most specific exception here: the class
+named for its code, else the class of the code's (or the answer's) HTTP status.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-PROBLEM_TYPE_BASE = "https://ledgermq.dev/problems/"
-PROBLEM_CONTENT_TYPE = "application/problem+json"
-
-# code -> (HTTP status, title). Stable: clients switch on `code`, never on `detail`.
-PROBLEM_CODES: dict[str, tuple[int, str]] = {
-    "NOT_MASTER": (421, "This broker is not the master"),
-    "TOPIC_NOT_EXIST": (404, "Topic does not exist"),
-    "QUEUE_NOT_EXIST": (404, "Queue does not exist"),
-    "MESSAGE_NOT_FOUND": (404, "Message not found"),
-    "GROUP_NOT_EXIST": (404, "Consumer group has no state"),
-    "NOT_FOUND": (404, "Not found"),
-    "INVALID_TOPIC": (400, "Invalid topic name"),
-    "INVALID_REQUEST": (400, "Invalid request"),
-    "INVALID_RECEIPT_HANDLE": (400, "Invalid receipt handle"),
-    "OFFSET_OUT_OF_RANGE": (400, "Offset out of range"),
-    "MESSAGE_TOO_LARGE": (413, "Message too large"),
-    "REQUEST_TOO_LARGE": (413, "Request body too large"),
-    "UNSUPPORTED_MEDIA_TYPE": (415, "Unsupported media type"),
-    "METHOD_NOT_ALLOWED": (405, "Method not allowed"),
-    "NO_PERMISSION": (403, "Topic permission forbids this operation"),
-    "UNAUTHORIZED": (401, "Missing or unknown access token"),
-    "FORBIDDEN": (403, "Access token does not allow this operation"),
-    "DISK_FULL": (507, "Disk full"),
-    "TIMEOUT": (504, "Timed out; outcome unknown"),
-    "SERVICE_UNAVAILABLE": (503, "Service unavailable"),
-    "INTERNAL_ERROR": (500, "Internal error"),
-    "TOPIC_EXISTS": (409, "Topic already exists"),
-    "MESSAGE_ILLEGAL": (400, "Illegal message"),
-    "MESSAGE_CORRUPTED": (500, "Stored message is corrupted"),
-}
-
-
-def problem_body(code: str, detail: str, status: int | None = None, **extra: Any) -> dict[str, Any]:
-    """The problem+json document for `code`; `extra` members (e.g. masterAddr, field) are added as-is."""
-    default_status, title = PROBLEM_CODES.get(code, (500, code.replace("_", " ").capitalize()))
-    body: dict[str, Any] = {
-        "type": PROBLEM_TYPE_BASE + code,
-        "title": title,
-        "status": status or default_status,
-        "detail": detail,
-        "code": code,
-    }
-    for key, value in extra.items():
-        if value is not None:
-            body[key] = value
-    return body
+from wire.codes import ErrorCode
 
 
 class LedgerMQError(Exception):
@@ -65,7 +20,7 @@ class LedgerMQError(Exception):
     fails"): a refusal (4xx, `NotMasterError`, `DiskFullError`) or `BrokerUnreachableError` means
     nothing was stored; `SendOutcomeUnknownError` means it may have been, and says where."""
 
-    code = "INTERNAL_ERROR"
+    code: str = ErrorCode.INTERNAL_ERROR
     retryable = False
 
     def __init__(self, detail: str, *, status: int | None = None, problem: dict[str, Any] | None = None):
@@ -79,7 +34,7 @@ class BadRequestError(LedgerMQError):
     """4xx caused by the request itself; nothing was stored. Retrying the same request will not
     help: fix it (`field` names the offending input)."""
 
-    code = "INVALID_REQUEST"
+    code = ErrorCode.INVALID_REQUEST
 
     @property
     def field(self) -> str | None:
@@ -87,13 +42,13 @@ class BadRequestError(LedgerMQError):
 
 
 class InvalidTopicError(BadRequestError):
-    code = "INVALID_TOPIC"
+    code = ErrorCode.INVALID_TOPIC
 
 
 class OffsetOutOfRangeError(BadRequestError):
     """The asked offset is outside [minOffset, maxOffset]; both are attributes."""
 
-    code = "OFFSET_OUT_OF_RANGE"
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
 
     @property
     def min_offset(self) -> int | None:
@@ -105,41 +60,41 @@ class OffsetOutOfRangeError(BadRequestError):
 
 
 class InvalidReceiptHandleError(BadRequestError):
-    code = "INVALID_RECEIPT_HANDLE"
+    code = ErrorCode.INVALID_RECEIPT_HANDLE
 
 
 class MessageTooLargeError(BadRequestError):
-    code = "MESSAGE_TOO_LARGE"
+    code = ErrorCode.MESSAGE_TOO_LARGE
 
 
 class NotFoundError(LedgerMQError):
     """404: the topic, queue, group or message does not exist (a produce refused so stored nothing)."""
 
-    code = "NOT_FOUND"
+    code = ErrorCode.NOT_FOUND
 
 
 class TopicNotExistError(NotFoundError):
-    code = "TOPIC_NOT_EXIST"
+    code = ErrorCode.TOPIC_NOT_EXIST
 
 
 class QueueNotExistError(NotFoundError):
-    code = "QUEUE_NOT_EXIST"
+    code = ErrorCode.QUEUE_NOT_EXIST
 
 
 class MessageNotFoundError(NotFoundError):
-    code = "MESSAGE_NOT_FOUND"
+    code = ErrorCode.MESSAGE_NOT_FOUND
 
 
 class UnauthorizedError(LedgerMQError):
     """401: no or an unknown token; refused before anything was read. Fix the token."""
 
-    code = "UNAUTHORIZED"
+    code = ErrorCode.UNAUTHORIZED
 
 
 class ForbiddenError(LedgerMQError):
     """403: the token (or the topic's perm) does not allow this; refused, nothing stored."""
 
-    code = "FORBIDDEN"
+    code = ErrorCode.FORBIDDEN
 
 
 class NotMasterError(LedgerMQError):
@@ -147,7 +102,7 @@ class NotMasterError(LedgerMQError):
     when known. Nothing was stored by the refused request. Raised by a producer only when no
     attempt of the send may have reached a broker: the message can be sent again anywhere."""
 
-    code = "NOT_MASTER"
+    code = ErrorCode.NOT_MASTER
     retryable = True
 
     @property
@@ -159,21 +114,21 @@ class ServerError(LedgerMQError):
     """5xx, or an answer the SDK could not read. For a write, the outcome is unknown (the
     producers report such a send as `SendOutcomeUnknownError`)."""
 
-    code = "INTERNAL_ERROR"
+    code = ErrorCode.INTERNAL_ERROR
 
 
 class ServiceUnavailableError(ServerError):
     """503: the broker is starting, stopping or overloaded. Retry later; for a write, with the same
     idempotency key at the same broker set (a member stopping may have committed it)."""
 
-    code = "SERVICE_UNAVAILABLE"
+    code = ErrorCode.SERVICE_UNAVAILABLE
     retryable = True
 
 
 class DiskFullError(ServerError):
     """507: the broker set's store refused the append before writing: nothing stored."""
 
-    code = "DISK_FULL"
+    code = ErrorCode.DISK_FULL
 
 
 class OutcomeUnknownError(ServerError):
@@ -181,7 +136,7 @@ class OutcomeUnknownError(ServerError):
     before commit, or the connection broke after the request was sent. Retry with the same
     idempotency key at the same broker set to learn the outcome without storing twice."""
 
-    code = "TIMEOUT"
+    code = ErrorCode.TIMEOUT
     retryable = True
 
 
@@ -257,35 +212,25 @@ _BY_CODE: dict[str, type[LedgerMQError]] = {
         OutcomeUnknownError,
     )
 }
-_BY_CODE["GROUP_NOT_EXIST"] = NotFoundError
-_BY_CODE["NO_PERMISSION"] = ForbiddenError
-_BY_CODE["UNSUPPORTED_MEDIA_TYPE"] = BadRequestError
-_BY_CODE["METHOD_NOT_ALLOWED"] = BadRequestError
-_BY_CODE["TOPIC_EXISTS"] = BadRequestError
-_BY_CODE["MESSAGE_ILLEGAL"] = BadRequestError
+
+
+def _class_of(code: Any, status: int) -> type[LedgerMQError]:
+    """The class named for `code`, else the class of its HTTP status (the answer's, for a code
+    this SDK does not know): NO_PERMISSION is a 403 so ForbiddenError, TOPIC_EXISTS a 409 so
+    BadRequestError, a bare 503 ServiceUnavailableError."""
+    cls = _BY_CODE.get(code) if isinstance(code, str) else None
+    if cls is not None:
+        return cls
+    known = ErrorCode.of(code) if isinstance(code, str) else None
+    status = known.status if known is not None else status
+    cls = _BY_CODE.get(ErrorCode.for_status(status))
+    if cls is not None:
+        return cls
+    return BadRequestError if 400 <= status < 500 else ServerError
 
 
 def error_from_problem(status: int, body: Any) -> LedgerMQError:
     """Map an HTTP error answer (ideally problem+json) to the most specific exception."""
     problem = body if isinstance(body, dict) else {}
-    code = problem.get("code")
     detail = str(problem.get("detail") or problem.get("title") or body or f"HTTP {status}")
-    cls = _BY_CODE.get(code) if isinstance(code, str) else None
-    if cls is None:
-        if status == 421:
-            cls = NotMasterError
-        elif status == 404:
-            cls = NotFoundError
-        elif status == 401:
-            cls = UnauthorizedError
-        elif status == 403:
-            cls = ForbiddenError
-        elif status == 504:
-            cls = OutcomeUnknownError
-        elif status == 503:
-            cls = ServiceUnavailableError
-        elif 400 <= status < 500:
-            cls = BadRequestError
-        else:
-            cls = ServerError
-    return cls(detail, status=status, problem=problem)
+    return _class_of(problem.get("code"), status)(detail, status=status, problem=problem)

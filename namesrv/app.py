@@ -18,15 +18,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from apidocs import install_offline_docs
-from broker.config import BROKER_NAME_PATTERN
-from broker.http.limits import BodyLimitMiddleware
-from client.errors import PROBLEM_CONTENT_TYPE, problem_body
 from namesrv.config import NamesrvConfig
 from namesrv.registry import RouteInfoManager, TopicRouteConfig
+from wire.codes import ErrorCode
+from wire.limits import BodyLimitMiddleware
+from wire.names import BROKER_NAME_PATTERN
+from wire.problem import PROBLEM_CONTENT_TYPE, problem_body
 
 log = logging.getLogger(__name__)
 
-_NAME_PATTERN = f"^{BROKER_NAME_PATTERN}$"
 # A registration lists every topic of a broker (~60 bytes each): room for ~500,000 topics.
 REQUEST_LIMIT_BYTES = 32 * 1024 * 1024
 
@@ -45,7 +45,7 @@ class RegisterBrokerIn(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     clusterName: str = Field(min_length=1, max_length=255)
-    brokerName: str = Field(min_length=1, max_length=255, pattern=_NAME_PATTERN)
+    brokerName: str = Field(min_length=1, max_length=255, pattern=BROKER_NAME_PATTERN)
     brokerId: int = Field(ge=0)
     brokerAddr: str = Field(min_length=3, max_length=255)
     haAddr: str | None = Field(default=None, max_length=255)
@@ -59,7 +59,7 @@ class UnregisterBrokerIn(BaseModel):
     brokerAddr: str = Field(min_length=3, max_length=255)
 
 
-def problem_response(code: str, detail: str, status: int | None = None, **extra: Any) -> Response:
+def problem_response(code: ErrorCode, detail: str, status: int | None = None, **extra: Any) -> Response:
     """An `application/problem+json` answer."""
     body = problem_body(code, detail, status, **extra)
     return Response(orjson.dumps(body), status_code=body["status"], media_type=PROBLEM_CONTENT_TYPE)
@@ -75,21 +75,37 @@ def install_problem_handlers(app: FastAPI) -> None:
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
         field = ".".join(loc) or None
         return problem_response(
-            "INVALID_REQUEST", f"{field or 'request'}: {first.get('msg', 'invalid')}", field=field
+            ErrorCode.INVALID_REQUEST, f"{field or 'request'}: {first.get('msg', 'invalid')}", field=field
         )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 401: "UNAUTHORIZED", 403: "FORBIDDEN"}.get(
-            exc.status_code, "INVALID_REQUEST"
-        )
+        code = ErrorCode.for_status(exc.status_code)
         return problem_response(code, str(exc.detail), status=exc.status_code)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("event=http_unhandled method=%s path=%s", request.method, request.url.path)
         detail = f"internal error ({type(exc).__name__}); see the name server log"
-        return problem_response("INTERNAL_ERROR", detail)
+        return problem_response(ErrorCode.INTERNAL_ERROR, detail)
+
+
+class _Metrics:
+    """The name server's Prometheus instruments, in their own registry."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.live_brokers = Gauge(
+            "ledgermq_namesrv_live_brokers", "Live registered broker addresses", registry=r
+        )
+        self.topics = Gauge("ledgermq_namesrv_topics", "Topics known from live brokers", registry=r)
+        self.registrations = Counter(
+            "ledgermq_namesrv_registrations", "Broker registrations and heartbeats", registry=r
+        )
+        self.expired = Counter("ledgermq_namesrv_expired_brokers", "Brokers dropped for silence", registry=r)
+        self.route_requests = Counter(
+            "ledgermq_namesrv_route_requests", "Route lookups", ["found"], registry=r
+        )
 
 
 def create_app(
@@ -99,13 +115,7 @@ def create_app(
     task for the app's lifetime."""
     registry = registry or RouteInfoManager(config.broker_expired_ms)
     now_ms = clock_ms or (lambda: int(time.time() * 1000))
-
-    metrics = CollectorRegistry()
-    g_brokers = Gauge("ledgermq_namesrv_live_brokers", "Live registered broker addresses", registry=metrics)
-    g_topics = Gauge("ledgermq_namesrv_topics", "Topics known from live brokers", registry=metrics)
-    c_reg = Counter("ledgermq_namesrv_registrations", "Broker registrations and heartbeats", registry=metrics)
-    c_exp = Counter("ledgermq_namesrv_expired_brokers", "Brokers dropped for silence", registry=metrics)
-    c_route = Counter("ledgermq_namesrv_route_requests", "Route lookups", ["found"], registry=metrics)
+    metrics = _Metrics()
 
     async def scanner() -> None:
         interval_s = config.scan_not_active_broker_interval_ms / 1000
@@ -113,7 +123,7 @@ def create_app(
             await asyncio.sleep(interval_s)
             dead = registry.scan_not_active(now_ms())
             if dead:
-                c_exp.inc(len(dead))
+                metrics.expired.inc(len(dead))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -135,6 +145,19 @@ def create_app(
     app.state.registry = registry
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=REQUEST_LIMIT_BYTES)
+    _broker_routes(app, config, registry, now_ms, metrics)
+    _route_routes(app, registry, now_ms, metrics)
+    return app
+
+
+def _broker_routes(
+    app: FastAPI,
+    config: NamesrvConfig,
+    registry: RouteInfoManager,
+    now_ms: Callable[[], int],
+    metrics: _Metrics,
+) -> None:
+    """What brokers call: register (heartbeat) and unregister."""
 
     @app.post("/brokers/register", summary="Register a broker or refresh its heartbeat")
     async def register(body: RegisterBrokerIn) -> dict[str, Any]:
@@ -153,12 +176,18 @@ def create_app(
             topics=topics,
             now_ms=now_ms(),
         )
-        c_reg.inc()
+        metrics.registrations.inc()
         return {"ok": True, "brokerExpiredMs": config.broker_expired_ms}
 
     @app.post("/brokers/unregister", summary="Remove a broker that is shutting down")
     async def unregister(body: UnregisterBrokerIn) -> dict[str, Any]:
         return {"removed": registry.unregister(body.brokerAddr)}
+
+
+def _route_routes(
+    app: FastAPI, registry: RouteInfoManager, now_ms: Callable[[], int], metrics: _Metrics
+) -> None:
+    """What clients and operators call: routes, topics, the cluster view, health, metrics."""
 
     @app.get(
         "/routes/{topic}",
@@ -167,9 +196,11 @@ def create_app(
     )
     async def route(topic: Annotated[str, Path(min_length=1, max_length=255)]) -> Any:
         doc = registry.route(topic, now_ms())
-        c_route.labels(found=str(doc is not None).lower()).inc()
+        metrics.route_requests.labels(found=str(doc is not None).lower()).inc()
         if doc is None:
-            return problem_response("TOPIC_NOT_EXIST", f"no live broker holds topic {topic!r}", topic=topic)
+            return problem_response(
+                ErrorCode.TOPIC_NOT_EXIST, f"no live broker holds topic {topic!r}", topic=topic
+            )
         return doc
 
     @app.get("/topics", summary="All topics held by live brokers")
@@ -187,8 +218,6 @@ def create_app(
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def prometheus() -> Response:
         t = now_ms()
-        g_brokers.set(registry.live_count(t))
-        g_topics.set(len(registry.topics(t)))
-        return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
-
-    return app
+        metrics.live_brokers.set(registry.live_count(t))
+        metrics.topics.set(len(registry.topics(t)))
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -13,7 +13,6 @@ from starlette.responses import Response
 from broker.http.acl import account_of
 from broker.http.schemas import (
     PROBLEM_RESPONSES,
-    TOPIC_PATTERN,
     GroupOffsetsOut,
     LeadershipTransferIn,
     OffsetsIn,
@@ -23,11 +22,12 @@ from broker.http.schemas import (
     TopicsOut,
 )
 from broker.service import Account, BrokerServices, ClientInfo, OffsetRow, Right, TopicInfo
+from wire.names import GROUP_PATTERN, MAX_GROUP_LENGTH, MAX_TOPIC_LENGTH, TOPIC_PATTERN
 
 log = logging.getLogger(__name__)
 
-TopicPath = Annotated[str, Path(min_length=1, max_length=127, pattern=r"^[%|a-zA-Z0-9_-]{1,127}$")]
-GroupPath = Annotated[str, Path(min_length=1, max_length=255, pattern=r"^[%|a-zA-Z0-9_-]{1,255}$")]
+TopicPath = Annotated[str, Path(min_length=1, max_length=MAX_TOPIC_LENGTH, pattern=TOPIC_PATTERN)]
+GroupPath = Annotated[str, Path(min_length=1, max_length=MAX_GROUP_LENGTH, pattern=GROUP_PATTERN)]
 
 
 def topic_json(info: TopicInfo) -> dict[str, Any]:
@@ -169,7 +169,7 @@ def _offset_routes(services: BrokerServices) -> APIRouter:
     async def get_offsets(
         group: GroupPath,
         request: Request,
-        topic: Annotated[str | None, Query(max_length=127, pattern=TOPIC_PATTERN)] = None,
+        topic: Annotated[str | None, Query(max_length=MAX_TOPIC_LENGTH, pattern=TOPIC_PATTERN)] = None,
     ) -> dict[str, Any]:
         return offsets_json(group, offsets.query(account_of(request), group, topic))
 

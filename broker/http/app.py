@@ -13,10 +13,10 @@ from apidocs import install_offline_docs
 from broker.http import admin, consumers, messages
 from broker.http.acl import AuthMiddleware
 from broker.http.hot import HotHandlers, HotPath
-from broker.http.limits import BodyLimitMiddleware, request_limit_bytes
 from broker.http.problems import install_problem_handlers
 from broker.http.schemas import ProduceRequest
 from broker.service import BrokerServices
+from wire.limits import BodyLimitMiddleware, request_limit_bytes
 
 log = logging.getLogger(__name__)
 

@@ -26,11 +26,12 @@ from broker.http.codec import (
     parse_produce_raw,
     pull_binary_bytes,
 )
-from broker.http.limits import BodyIncomplete, BodyTooLarge, read_body
-from broker.http.problems import PROBLEM_CONTENT_TYPE
 from broker.message import Message
 from broker.service import MAX_PULL_MESSAGES, Account, BrokerServices
+from broker.service.pull import MessageBuilder
 from dledger.codes import DLedgerException
+from wire.limits import BodyIncomplete, BodyTooLarge, read_body
+from wire.problem import PROBLEM_CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ class HotHandlers:
         if enc not in (None, "", "utf-8", "base64"):
             raise invalid("bodyEncoding", f"expected utf-8 or base64, got {enc[:40]!r}")
         if binary:
-            build: Any = message_binary_view
+            build: MessageBuilder = message_binary_view
         else:
             build = _build_base64 if enc == "base64" else message_json_view
         result = await self.services.pull.pull(

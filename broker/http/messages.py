@@ -18,10 +18,12 @@ from starlette.responses import Response
 from broker.http.acl import account_of
 from broker.http.codec import PULL_BINARY_CONTENT_TYPE, message_json
 from broker.http.hot import JSON, HotHandlers
-from broker.http.schemas import PROBLEM_RESPONSES, TOPIC_PATTERN, MessageOut, ProduceResponse, PullResponse
+from broker.http.schemas import PROBLEM_RESPONSES, MessageOut, ProduceResponse, PullResponse
 from broker.message import MessageExt
 from broker.service import MAX_PULL_MESSAGES, BrokerServices, GroupDelivery
 from broker.service.query import MAX_SEARCH_RESULTS
+from broker.service.validation import MAX_IDEMPOTENCY_KEY_LENGTH, MAX_TAGS_LENGTH
+from wire.names import TOPIC_PATTERN
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +33,110 @@ def _topic_param(name: str = "topic") -> dict[str, Any]:
         "name": name,
         "in": "path",
         "required": True,
-        "schema": {"type": "string", "pattern": "^[%|a-zA-Z0-9_-]{1,127}$"},
+        "schema": {"type": "string", "pattern": TOPIC_PATTERN},
     }
+
+
+_PRODUCE_OPENAPI: dict[str, Any] = {
+    "parameters": [
+        _topic_param(),
+        {
+            "name": "tags",
+            "in": "query",
+            "schema": {"type": "string", "maxLength": MAX_TAGS_LENGTH, "pattern": "^[^\\x01\\x02]*$"},
+            "description": "raw form only",
+        },
+        {
+            "name": "keys",
+            "in": "query",
+            "schema": {"type": "string", "pattern": "^[^ \\x01\\x02]*$"},
+            "description": "raw form only: comma-separated",
+        },
+        {
+            "name": "queueId",
+            "in": "query",
+            "schema": {"type": "integer", "minimum": 0, "maximum": 65535},
+        },
+        {
+            "name": "idempotencyKey",
+            "in": "query",
+            "schema": {
+                "type": "string",
+                "maxLength": MAX_IDEMPOTENCY_KEY_LENGTH,
+                "pattern": "^[^\\x01\\x02]*$",
+            },
+        },
+    ],
+    "requestBody": {
+        "required": True,
+        "content": {
+            JSON: {"schema": {"$ref": "#/components/schemas/ProduceRequest"}},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        },
+    },
+}
+
+
+_PULL_OPENAPI: dict[str, Any] = {
+    "parameters": [
+        _topic_param(),
+        {
+            "name": "queueId",
+            "in": "path",
+            "required": True,
+            "schema": {"type": "integer", "minimum": 0, "maximum": 65535},
+        },
+        {
+            "name": "offset",
+            "in": "query",
+            "schema": {"type": "integer", "minimum": 0, "maximum": 2**62, "default": 0},
+        },
+        {
+            "name": "maxMessages",
+            "in": "query",
+            "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PULL_MESSAGES, "default": 32},
+        },
+        {
+            "name": "waitMs",
+            "in": "query",
+            "schema": {"type": "integer", "minimum": 0, "maximum": 2**31, "default": 0},
+        },
+        {
+            "name": "bodyEncoding",
+            "in": "query",
+            "schema": {"type": "string", "enum": ["utf-8", "base64"]},
+            "description": "JSON form only",
+        },
+        {
+            "name": "format",
+            "in": "query",
+            "schema": {"type": "string", "enum": ["json", "binary"]},
+            "description": (
+                "binary = the compact page (docs/INTERFACES.md, 'Binary pull format'); "
+                f"the same as Accept: {PULL_BINARY_CONTENT_TYPE}. JSON is the default."
+            ),
+        },
+    ],
+    "responses": {
+        "200": {
+            "content": {
+                PULL_BINARY_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}},
+            }
+        }
+    },
+}
+
+
+_MESSAGE_ID_OPENAPI: dict[str, Any] = {
+    "parameters": [
+        {
+            "name": "msgId",
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string", "pattern": "^[0-9A-Fa-f]{32}$"},
+        }
+    ]
+}
 
 
 def build_router(services: BrokerServices, hot: HotHandlers) -> APIRouter:
@@ -44,40 +148,7 @@ def build_router(services: BrokerServices, hot: HotHandlers) -> APIRouter:
         summary="Produce one message or a batch (answers after commit)",
         tags=["messages"],
         responses={200: {"model": ProduceResponse}, 413: PROBLEM_RESPONSES[400], **PROBLEM_RESPONSES},
-        openapi_extra={
-            "parameters": [
-                _topic_param(),
-                {
-                    "name": "tags",
-                    "in": "query",
-                    "schema": {"type": "string", "maxLength": 255, "pattern": "^[^\\x01\\x02]*$"},
-                    "description": "raw form only",
-                },
-                {
-                    "name": "keys",
-                    "in": "query",
-                    "schema": {"type": "string", "pattern": "^[^ \\x01\\x02]*$"},
-                    "description": "raw form only: comma-separated",
-                },
-                {
-                    "name": "queueId",
-                    "in": "query",
-                    "schema": {"type": "integer", "minimum": 0, "maximum": 65535},
-                },
-                {
-                    "name": "idempotencyKey",
-                    "in": "query",
-                    "schema": {"type": "string", "maxLength": 255, "pattern": "^[^\\x01\\x02]*$"},
-                },
-            ],
-            "requestBody": {
-                "required": True,
-                "content": {
-                    JSON: {"schema": {"$ref": "#/components/schemas/ProduceRequest"}},
-                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-                },
-            },
-        },
+        openapi_extra=_PRODUCE_OPENAPI,
     )
     async def produce(request: Request) -> Response:
         started = time.perf_counter()
@@ -92,54 +163,7 @@ def build_router(services: BrokerServices, hot: HotHandlers) -> APIRouter:
         summary="Pull by offset; long-polls up to waitMs",
         tags=["messages"],
         responses={200: {"model": PullResponse}, **PROBLEM_RESPONSES},
-        openapi_extra={
-            "parameters": [
-                _topic_param(),
-                {
-                    "name": "queueId",
-                    "in": "path",
-                    "required": True,
-                    "schema": {"type": "integer", "minimum": 0, "maximum": 65535},
-                },
-                {
-                    "name": "offset",
-                    "in": "query",
-                    "schema": {"type": "integer", "minimum": 0, "maximum": 2**62, "default": 0},
-                },
-                {
-                    "name": "maxMessages",
-                    "in": "query",
-                    "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PULL_MESSAGES, "default": 32},
-                },
-                {
-                    "name": "waitMs",
-                    "in": "query",
-                    "schema": {"type": "integer", "minimum": 0, "maximum": 2**31, "default": 0},
-                },
-                {
-                    "name": "bodyEncoding",
-                    "in": "query",
-                    "schema": {"type": "string", "enum": ["utf-8", "base64"]},
-                    "description": "JSON form only",
-                },
-                {
-                    "name": "format",
-                    "in": "query",
-                    "schema": {"type": "string", "enum": ["json", "binary"]},
-                    "description": (
-                        "binary = the compact page (docs/INTERFACES.md, 'Binary pull format'); "
-                        f"the same as Accept: {PULL_BINARY_CONTENT_TYPE}. JSON is the default."
-                    ),
-                },
-            ],
-            "responses": {
-                "200": {
-                    "content": {
-                        PULL_BINARY_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}},
-                    }
-                }
-            },
-        },
+        openapi_extra=_PULL_OPENAPI,
     )
     async def pull(request: Request) -> Response:
         p = request.path_params
@@ -153,16 +177,7 @@ def build_router(services: BrokerServices, hot: HotHandlers) -> APIRouter:
         summary="Look a message up by its id (store host + physical offset)",
         tags=["messages"],
         responses={200: {"model": MessageOut}, **PROBLEM_RESPONSES},
-        openapi_extra={
-            "parameters": [
-                {
-                    "name": "msgId",
-                    "in": "path",
-                    "required": True,
-                    "schema": {"type": "string", "pattern": "^[0-9A-Fa-f]{32}$"},
-                }
-            ]
-        },
+        openapi_extra=_MESSAGE_ID_OPENAPI,
     )
     async def message_by_id(request: Request) -> Response:
         msg = services.query.by_id(account_of(request), request.path_params["msgId"])

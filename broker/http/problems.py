@@ -14,13 +14,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Route
 
 from broker.errors import BrokerCode, BrokerError, from_dledger, invalid
 from dledger.codes import DLedgerException
+from wire.codes import ErrorCode
+from wire.problem import PROBLEM_CONTENT_TYPE
 
 log = logging.getLogger(__name__)
-
-PROBLEM_CONTENT_TYPE = "application/problem+json"
 
 
 def problem(code: BrokerCode | str, detail: str, **extra: Any) -> Response:
@@ -33,16 +34,6 @@ def error_response(exc: BrokerError, headers: dict[str, str] | None = None) -> R
     return Response(
         orjson.dumps(body), status_code=body["status"], media_type=PROBLEM_CONTENT_TYPE, headers=headers
     )
-
-
-_HTTP_CODES = {
-    404: "NOT_FOUND",
-    405: "METHOD_NOT_ALLOWED",
-    401: "UNAUTHORIZED",
-    403: "FORBIDDEN",
-    413: "MESSAGE_TOO_LARGE",
-    415: "UNSUPPORTED_MEDIA_TYPE",
-}
 
 
 def install_problem_handlers(app: FastAPI) -> None:
@@ -71,14 +62,14 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        code = _HTTP_CODES.get(exc.status_code, "INVALID_REQUEST")
+        code = ErrorCode.for_status(exc.status_code)
         if exc.status_code == 405:
             # Starlette names only the first route's methods; list every method of the path.
             methods = sorted(
                 {
                     m
                     for r in app.routes
-                    if getattr(r, "methods", None) and r.path_regex.match(request.url.path)
+                    if isinstance(r, Route) and r.methods and r.path_regex.match(request.url.path)
                     for m in r.methods
                 }
             )
@@ -88,14 +79,14 @@ def install_problem_handlers(app: FastAPI) -> None:
             "type": "about:blank",
             "title": str(exc.detail),
             "status": exc.status_code,
-            "code": code,
+            "code": code.value,
             "detail": detail,
         }
         return Response(
             orjson.dumps(body),
             status_code=exc.status_code,
             media_type=PROBLEM_CONTENT_TYPE,
-            headers=getattr(exc, "headers", None),
+            headers=exc.headers,
         )
 
     @app.exception_handler(Exception)

@@ -10,12 +10,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 from broker.service.pop import MAX_INVISIBLE_MS, MAX_RECEIVE_MESSAGES, MAX_RECEIVE_WAIT_MS, MIN_INVISIBLE_MS
+from wire.names import MAX_TOPIC_LENGTH, TOPIC_PATTERN
 
 # The API's string rules, stated as JSON-schema patterns so the OpenAPI document is exactly as
 # strict as the server (fuzzers check both directions).
-TOPIC_PATTERN = r"^[%|a-zA-Z0-9_-]{1,127}$"
 RECEIPT_HANDLE_PATTERN = r"^[0-9a-f]{8}\.[0-9]{1,5}\.[0-9]{1,19}\.[0-9]{1,19}$"
-TopicName = Annotated[str, StringConstraints(min_length=1, max_length=127, pattern=TOPIC_PATTERN)]
+TopicName = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_TOPIC_LENGTH, pattern=TOPIC_PATTERN)
+]
 NoSep = Annotated[str, StringConstraints(pattern=r"^[^\x01\x02]*$")]
 # The server also refuses the system names TAGS, KEYS, UNIQ_KEY and IDEMPOTENCY_KEY (pydantic's
 # regex dialect has no look-ahead to say so here).

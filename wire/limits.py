@@ -1,10 +1,10 @@
-"""The one request-body rule of the broker's HTTP API (and the name server's): a body over the
+"""The one request-body rule of LedgerMQ's HTTP servers (broker and name server): a body over the
 limit is refused with 413 REQUEST_TOO_LARGE before more than the limit of it is in memory — a
 declared Content-Length at once, a chunked body as soon as it passes.
 
-`read_body` is the rule; the produce fast path calls it directly, `BodyLimitMiddleware` applies it
-to every other route (whose handlers, Starlette/pydantic, would otherwise read a body of any
-size before validating it)."""
+`read_body` is the rule (pure ASGI); the broker's produce fast path calls it directly,
+`BodyLimitMiddleware` applies it to every other route (whose handlers, Starlette/pydantic, would
+otherwise read a body of any size before validating it)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Any
 
 import orjson
 
-from client.errors import PROBLEM_CONTENT_TYPE, problem_body
+from wire.codes import ErrorCode
+from wire.problem import PROBLEM_CONTENT_TYPE, problem_body
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class BodyTooLarge(Exception):
     def problem(self) -> dict[str, Any]:
         """The problem+json body of the 413."""
         return problem_body(
-            "REQUEST_TOO_LARGE", f"{self.detail}; the limit is {self.limit}", 413, limit=self.limit
+            ErrorCode.REQUEST_TOO_LARGE, f"{self.detail}; the limit is {self.limit}", 413, limit=self.limit
         )
 
 
@@ -109,7 +110,7 @@ class BodyLimitMiddleware:
             await _send_problem(send, 413, exc.problem(), close=True)
             return
         except BodyIncomplete as exc:
-            doc = problem_body("INVALID_REQUEST", str(exc), 400, field=exc.field)
+            doc = problem_body(ErrorCode.INVALID_REQUEST, str(exc), field=exc.field)
             await _send_problem(send, 400, doc, close=True)
             return
         replayed = False
