@@ -28,6 +28,7 @@ from fastapi import FastAPI
 
 from apidocs import install_offline_docs
 from broker.config import ConfigError, load_broker_config, parse_properties
+from broker.http.server import QuietServer
 from broker.runtime import BrokerRuntime, tune_gc
 
 log = logging.getLogger("broker.container")
@@ -91,7 +92,7 @@ class BrokerContainer:
     def __init__(self, config: ContainerConfig) -> None:
         self.config = config
         self.brokers = [HostedBroker(p) for p in config.broker_config_paths]
-        self.server: uvicorn.Server | None = None
+        self.server: QuietServer | None = None
         self._serve_task: asyncio.Task[None] | None = None
         self.stopping = asyncio.Event()
 
@@ -153,7 +154,7 @@ class BrokerContainer:
     async def start(self) -> None:
         """Serve the container's own port first (so it is never taken by a hosted broker), then
         start the brokers concurrently."""
-        self.server = _QuietServer(
+        self.server = QuietServer(
             uvicorn.Config(
                 self.app(),
                 host=self.config.listen_host,
@@ -196,12 +197,6 @@ class BrokerContainer:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await self._serve_task
         log.info("event=container_stopped")
-
-
-class _QuietServer(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[override]
-        yield
 
 
 async def run(config: ContainerConfig) -> int:

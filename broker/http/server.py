@@ -18,9 +18,9 @@ log = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 3
 
 
-class _Server(uvicorn.Server):
+class QuietServer(uvicorn.Server):
     """uvicorn without its own signal handling: the process owns SIGINT/SIGTERM and stops every
-    runtime it hosts (several servers share one loop in a container)."""
+    server it hosts (several share one loop in a container)."""
 
     @contextlib.contextmanager
     def capture_signals(self):  # type: ignore[override]
@@ -56,14 +56,14 @@ class HttpFrontEnd:
     def __init__(self, services: BrokerServices) -> None:
         self.config = services.state.config
         self.app: BrokerApp = create_app(services)
-        self.server: _Server | None = None
+        self.server: QuietServer | None = None
         self._serve_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Listen on `listenPort` and serve; returns once uvicorn has started."""
         cfg = self.config
         sock = bind_socket(listen_host(cfg.broker_ip1), cfg.listen_port)
-        self.server = _Server(
+        self.server = QuietServer(
             uvicorn.Config(
                 self.app,
                 loop="none",
