@@ -29,7 +29,9 @@ PERM_READ = 4
 
 
 def base_url(addr: str) -> str:
-    """`host:port` (as brokers register) → `http://host:port`; full URLs pass through."""
+    """`host:port` (as brokers register) → `http://host:port`; full URLs pass through (without
+    surrounding blanks or a trailing slash)."""
+    addr = addr.strip().rstrip("/")
     return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
 
 

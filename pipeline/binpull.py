@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.routes import LedgerMQError
+from client.errors import ServerError
 
 PULL_BINARY_CONTENT_TYPE = "application/x-ledgermq-messages"
 MAGIC = b"LMQP"
@@ -65,11 +65,16 @@ _RECORD_BYTES = np.arange(_RECORD_SIZE, dtype=np.int64)
 _MAX_BODY_BYTES = 2**31 - 1  # int32 offsets of an Arrow binary array
 
 
-class PullFormatError(LedgerMQError):
+class PullFormatError(ServerError):
     """A binary pull page that does not follow the documented layout."""
 
+    code = "BAD_PULL_PAGE"
+
     def __init__(self, message: str) -> None:
-        super().__init__(f"ledgermq: bad binary pull page: {message}", code="BAD_PULL_PAGE")
+        super().__init__(f"ledgermq: bad binary pull page: {message}")
+
+    def __str__(self) -> str:
+        return self.detail  # without the code: what the page got wrong is the whole story
 
 
 @dataclass

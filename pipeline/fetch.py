@@ -25,8 +25,10 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
+from client.errors import LedgerMQError, ServerError
 from pipeline.binpull import (
     PULL_BINARY_CONTENT_TYPE,
+    PullFormatError,
     PullPage,
     decode_pull_page,
     first_keys,
@@ -34,7 +36,7 @@ from pipeline.binpull import (
 )
 from pipeline.offsets import DataLossError
 from pipeline.pullclient import TRANSPORT_ERRORS, PageClient
-from pipeline.routes import LedgerMQError, RouteResolver, base_url, problem_of
+from pipeline.routes import RouteResolver, base_url, problem_of
 from pipeline.schema import source_arrow_schema
 
 log = logging.getLogger("ledgermq.pipeline.fetch")
@@ -171,7 +173,7 @@ class QueueFetcher:
         wrong = queue_offsets != np.arange(offset, offset + len(queue_offsets), dtype=np.int64)
         if wrong.any():
             i = _first_index(wrong)
-            raise LedgerMQError(
+            raise ServerError(
                 f"ledgermq: broker returned non-contiguous offsets for {self.part.topic}/"
                 f"{self.part.broker_name}:{self.part.queue_id}: expected {offset + i}, "
                 f"got {int(queue_offsets[i])}"
@@ -201,10 +203,9 @@ class QueueFetcher:
         if resp.status_code == 200:
             ctype = resp.headers.get("content-type", "")
             if not ctype.startswith(PULL_BINARY_CONTENT_TYPE):
-                raise LedgerMQError(
-                    f"ledgermq: {addr} answered a binary pull with {ctype!r}; "
-                    f"the broker must support {PULL_BINARY_CONTENT_TYPE}",
-                    code="BAD_PULL_PAGE",
+                raise PullFormatError(
+                    f"{addr} answered a binary pull with {ctype!r}; "
+                    f"the broker must support {PULL_BINARY_CONTENT_TYPE}"
                 )
             msgs = decode_pull_page(resp.content)
             min_offset = msgs.min_offset
@@ -214,9 +215,9 @@ class QueueFetcher:
                 return None
             return msgs, min_offset
         err = problem_of(resp.as_httpx(), f"pull {p.topic}/{p.broker_name}:{p.queue_id}@{offset}")
-        if err.code == "OFFSET_OUT_OF_RANGE" and "minOffset" in err.body:
-            if offset < int(err.body["minOffset"]):
-                return PullPage.empty(int(err.body["minOffset"])), int(err.body["minOffset"])
+        if err.code == "OFFSET_OUT_OF_RANGE" and "minOffset" in err.problem:
+            if offset < int(err.problem["minOffset"]):
+                return PullPage.empty(int(err.problem["minOffset"])), int(err.problem["minOffset"])
             # Past this member's end: it is behind (a slave catching up, a new master replaying).
             self._next_member(sleep_s=0.05)
             return None
@@ -241,7 +242,7 @@ class QueueFetcher:
         try:
             for bs in resolver.broker_sets(self.part.topic):
                 if bs.broker_name == self.part.broker_name and bs.addrs:
-                    fresh = [base_url(a) for a in bs.addrs]
+                    fresh = bs.urls()
                     # Keep members we knew too: a slave missing from the route may still serve reads.
                     self.addrs = fresh + [a for a in self.addrs if a not in fresh]
                     self.addr_index = 0

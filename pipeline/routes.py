@@ -1,84 +1,48 @@
 """Where topics live: name-server routes, broker-set addresses and queue offset ranges (HTTP, sync).
 
 Used on the Spark driver (planning micro-batches, committing consumer-group offsets) and by the
-sink's executor tasks (finding the master to produce to). Plain httpx, independent of the SDK in
-``client/`` so the pipeline only depends on the documented HTTP API (docs/INTERFACES.md).
+sink's executor tasks (finding the master to produce to). Plain httpx over the documented HTTP API
+(docs/INTERFACES.md); the route shapes, addresses and errors are the SDK's (`client.transport`,
+`client.errors`), so the pipeline and the SDK read answers the same way.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import httpx
 import orjson
 
+from client.errors import LedgerMQError, ServiceUnavailableError, error_from_problem
+from client.transport import PERM_READ, PERM_WRITE, BrokerSetRoute, base_url, parse_route, split_addrs
 from pipeline.offsets import QueueState, parse_queue_key
+
+__all__ = [
+    "PERM_READ",
+    "PERM_WRITE",
+    "BrokerSetRoute",
+    "LedgerMQError",
+    "RouteResolver",
+    "base_url",
+    "problem_of",
+    "split_addrs",
+]
 
 log = logging.getLogger("ledgermq.pipeline.routes")
 
-# Broker perm bits, as in RocketMQ's PermName.
-PERM_READ = 4
-PERM_WRITE = 2
-
-
-class LedgerMQError(RuntimeError):
-    """An error answer from a broker or name server, carrying the problem ``code`` and body."""
-
-    def __init__(self, message: str, *, code: str = "", status: int = 0, body: dict | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
-        self.body = body or {}
-
-
-def base_url(addr: str) -> str:
-    """``host:port`` (as the name server hands them out) or a full URL → a base URL without slash."""
-    addr = addr.strip().rstrip("/")
-    return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
-
-
-def split_addrs(value: str | None) -> list[str]:
-    """A ``;`` or ``,`` separated address list (RocketMQ's namesrvAddr uses ``;``)."""
-    if not value:
-        return []
-    return [a.strip() for a in re.split(r"[;,]", value) if a.strip()]
-
 
 def problem_of(resp: httpx.Response, what: str) -> LedgerMQError:
-    """Turn a non-2xx response into a LedgerMQError with the RFC 9457 problem fields."""
+    """A non-2xx answer as the SDK's typed exception for its problem ``code`` (or status), the
+    detail naming what was asked."""
     try:
         body = orjson.loads(resp.content)
         if not isinstance(body, dict):
             body = {"detail": str(body)}
     except orjson.JSONDecodeError:
         body = {"detail": resp.text[:300]}
-    code = str(body.get("code", ""))
-    detail = body.get("detail") or body.get("title") or resp.reason_phrase
-    return LedgerMQError(
-        f"{what}: HTTP {resp.status_code} {code} {detail}".strip(),
-        code=code,
-        status=resp.status_code,
-        body=body,
-    )
-
-
-@dataclass(frozen=True)
-class BrokerSet:
-    """One broker set (``brokerName``): its members' addresses, master (brokerId 0) first."""
-
-    broker_name: str
-    addrs: tuple[str, ...]
-    read_queue_nums: int = 0
-    write_queue_nums: int = 0
-    perm: int = PERM_READ | PERM_WRITE
-
-    @property
-    def master_addr(self) -> str | None:
-        """The address registered as brokerId 0, if any (the first of ``addrs`` by construction)."""
-        return self.addrs[0] if self.addrs else None
+    err = error_from_problem(resp.status_code, body)
+    return type(err)(f"{what}: HTTP {resp.status_code} {err.detail}", status=resp.status_code, problem=body)
 
 
 class RouteResolver:
@@ -117,11 +81,9 @@ class RouteResolver:
             except httpx.TransportError as exc:
                 last = exc
                 log.warning("event=namesrv_unreachable addr=%s error=%r", ns, exc)
-        raise LedgerMQError(
-            f"{what}: no name server reachable ({self.namesrv_addrs}): {last!r}", code="SERVICE_UNAVAILABLE"
-        )
+        raise ServiceUnavailableError(f"{what}: no name server reachable ({self.namesrv_addrs}): {last!r}")
 
-    def broker_sets(self, topic: str) -> list[BrokerSet]:
+    def broker_sets(self, topic: str) -> list[BrokerSetRoute]:
         """The broker sets holding ``topic`` (empty list when the topic does not exist)."""
         if self.namesrv_addrs:
             try:
@@ -130,23 +92,11 @@ class RouteResolver:
                 if exc.code == "TOPIC_NOT_EXIST" or exc.status == 404:
                     return []
                 raise
-            sets = []
-            for b in route.get("brokers", []):
-                addrs = b.get("addrs") or {}
-                ordered = tuple(base_url(addrs[i]) for i in sorted(addrs, key=lambda x: int(x)))
-                sets.append(
-                    BrokerSet(
-                        b["brokerName"],
-                        ordered,
-                        int(b.get("readQueueNums", 0)),
-                        int(b.get("writeQueueNums", 0)),
-                        int(b.get("perm", 6)),
-                    )
-                )
-            return sorted(sets, key=lambda s: s.broker_name)
+            route.setdefault("topic", topic)
+            return sorted(parse_route(route).brokers, key=lambda s: s.broker_name)
         return self._static_sets()
 
-    def _static_sets(self) -> list[BrokerSet]:
+    def _static_sets(self) -> list[BrokerSetRoute]:
         members: dict[str, list[tuple[int, str]]] = {}
         for addr in self.broker_addrs:
             try:
@@ -157,8 +107,8 @@ class RouteResolver:
             rank = 0 if st.get("role") == "MASTER" else 1 + int(st.get("brokerId", 1) or 1)
             members.setdefault(st["brokerName"], []).append((rank, addr))
         if not members:
-            raise LedgerMQError(f"no broker reachable at {self.broker_addrs}", code="SERVICE_UNAVAILABLE")
-        return [BrokerSet(name, tuple(a for _, a in sorted(m))) for name, m in sorted(members.items())]
+            raise ServiceUnavailableError(f"no broker reachable at {self.broker_addrs}")
+        return [_static_set(name, [a for _, a in sorted(m)]) for name, m in sorted(members.items())]
 
     def list_topics(self) -> list[str]:
         """All topic names known to the brokers (for ``topicPattern``)."""
@@ -167,12 +117,12 @@ class RouteResolver:
             sets = []
             for name, info in sorted((cluster.get("brokers") or {}).items()):
                 addrs = info.get("addrs") or {}
-                sets.append(BrokerSet(name, tuple(base_url(addrs[i]) for i in sorted(addrs, key=int))))
+                sets.append(_static_set(name, [addrs[i] for i in sorted(addrs, key=int)]))
         else:
             sets = self._static_sets()
         names: set[str] = set()
         for bs in sets:
-            for addr in bs.addrs:
+            for addr in bs.urls():
                 try:
                     names.update(self._get_json(addr + "/topics", f"topics of {bs.broker_name}")["topics"])
                     break
@@ -192,7 +142,7 @@ class RouteResolver:
         addrs_of: dict[str, tuple[str, ...]] = {}
         for topic in topics:
             for bs in self.broker_sets(topic):
-                addrs_of[bs.broker_name] = bs.addrs
+                addrs_of[bs.broker_name] = tuple(bs.urls())
                 info = self._topic_info(topic, bs)
                 if info is None:
                     continue
@@ -207,8 +157,8 @@ class RouteResolver:
         states.sort(key=lambda s: (s.topic, s.broker_name, s.queue_id))
         return states, addrs_of
 
-    def _topic_info(self, topic: str, bs: BrokerSet) -> dict | None:
-        for addr in bs.addrs:
+    def _topic_info(self, topic: str, bs: BrokerSetRoute) -> dict | None:
+        for addr in bs.urls():
             try:
                 return self._get_json(f"{addr}/topics/{topic}", f"topic {topic!r} on {bs.broker_name}")
             except httpx.TransportError as exc:
@@ -216,7 +166,7 @@ class RouteResolver:
             except LedgerMQError as exc:
                 log.warning("event=topic_info_failed broker=%s addr=%s error=%s", bs.broker_name, addr, exc)
         log.warning(
-            "event=broker_set_unreachable broker=%s topic=%s addrs=%s", bs.broker_name, topic, bs.addrs
+            "event=broker_set_unreachable broker=%s topic=%s addrs=%s", bs.broker_name, topic, bs.urls()
         )
         return None
 
@@ -239,9 +189,8 @@ class RouteResolver:
                     queue_id,
                     exc,
                 )
-        raise LedgerMQError(
-            f"startingTimestamp: no member of {list(addrs)} answered for {topic}/{queue_id}: {last!r}",
-            code="SERVICE_UNAVAILABLE",
+        raise ServiceUnavailableError(
+            f"startingTimestamp: no member of {list(addrs)} answered for {topic}/{queue_id}: {last!r}"
         )
 
     def commit_group_offsets(self, group: str, offsets: dict[str, dict[str, int]]) -> None:
@@ -261,9 +210,9 @@ class RouteResolver:
                     continue
                 self._put_offsets(group, topic, bs, offs)
 
-    def _put_offsets(self, group: str, topic: str, bs: BrokerSet, offs: dict[str, int]) -> None:
+    def _put_offsets(self, group: str, topic: str, bs: BrokerSetRoute, offs: dict[str, int]) -> None:
         body = {"topic": topic, "offsets": offs}
-        for addr in bs.addrs:
+        for addr in bs.urls():
             try:
                 resp = self._http.put(f"{addr}/consumers/{group}/offsets", json=body)
             except httpx.TransportError as exc:
@@ -272,9 +221,9 @@ class RouteResolver:
             if resp.status_code in (200, 204):
                 return
             err = problem_of(resp, f"commit offsets of {group}")
-            if err.code == "NOT_MASTER" and err.body.get("masterAddr"):
+            if err.code == "NOT_MASTER" and err.problem.get("masterAddr"):
                 resp = self._http.put(
-                    f"{base_url(err.body['masterAddr'])}/consumers/{group}/offsets", json=body
+                    f"{base_url(err.problem['masterAddr'])}/consumers/{group}/offsets", json=body
                 )
                 if resp.status_code in (200, 204):
                     return
@@ -286,3 +235,8 @@ class RouteResolver:
                 err,
             )
         log.warning("event=commit_offsets_gave_up group=%s topic=%s broker=%s", group, topic, bs.broker_name)
+
+
+def _static_set(broker_name: str, addrs: list[str]) -> BrokerSetRoute:
+    """A broker set known by its members' addresses alone, the master (when known) first."""
+    return BrokerSetRoute(broker_name, dict(enumerate(addrs)), 0, 0, PERM_READ | PERM_WRITE)

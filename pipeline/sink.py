@@ -31,16 +31,16 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
-from client.outcome import Delivery, RequestPhase, delivery_of_answer, phase_of
-from pipeline.routes import (
-    PERM_WRITE,
-    BrokerSet,
+from client.errors import (
+    BrokerUnreachableError,
     LedgerMQError,
-    RouteResolver,
-    base_url,
-    problem_of,
-    split_addrs,
+    OutcomeUnknownError,
+    SendOutcomeUnknownError,
+    TopicNotExistError,
 )
+from client.outcome import Delivery, RequestPhase, delivery_of_answer, phase_of
+from client.producer import Message
+from pipeline.routes import PERM_WRITE, BrokerSetRoute, RouteResolver, base_url, problem_of, split_addrs
 from pipeline.worker import freeze_worker_heap
 
 log = logging.getLogger("ledgermq.pipeline.sink")
@@ -119,19 +119,19 @@ class _Producer:
         self.partition_id = partition_id
         self.http = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
         self.resolver = RouteResolver(opts.namesrv_addrs, opts.broker_addrs)
-        self.homes: dict[str, BrokerSet] = {}  # topic → this task's broker set
+        self.homes: dict[str, BrokerSetRoute] = {}  # topic → this task's broker set
 
     def close(self) -> None:
         self.http.close()
         self.resolver.close()
 
-    def _writable_sets(self, topic: str) -> list[BrokerSet]:
+    def _writable_sets(self, topic: str) -> list[BrokerSetRoute]:
         sets = [s for s in self.resolver.broker_sets(topic) if s.perm & PERM_WRITE]
         if not sets and self.opts.broker_addrs:
             sets = self.resolver._static_sets()
         return sets
 
-    def _home(self, topic: str, refresh: bool = False) -> BrokerSet:
+    def _home(self, topic: str, refresh: bool = False) -> BrokerSetRoute:
         """The task's broker set for ``topic``; ``refresh`` re-reads its members' addresses (a new
         master), keeping the set even if the route no longer lists it."""
         home = self.homes.get(topic)
@@ -145,9 +145,7 @@ class _Producer:
             raise
         if home is None:
             if not sets:
-                raise LedgerMQError(
-                    f"ledgermq sink: topic {topic!r} has no writable broker", code="TOPIC_NOT_EXIST"
-                )
+                raise TopicNotExistError(f"ledgermq sink: topic {topic!r} has no writable broker")
             home = sets[self.partition_id % len(sets)]
         else:
             home = next((s for s in sets if s.broker_name == home.broker_name), home)
@@ -164,7 +162,7 @@ class _Producer:
         body = orjson.dumps({"messages": messages})
         deadline = time.monotonic() + self.opts.produce_timeout_ms / 1000.0
         home = self._home(topic)
-        addrs = list(home.addrs)
+        addrs = home.urls()
         attempt = 0
         last: LedgerMQError | None = None
         maybe: LedgerMQError | None = None  # the first attempt that may have stored the batch
@@ -178,21 +176,19 @@ class _Producer:
                 )
             except httpx.TransportError as exc:
                 phase = phase_of(exc)
-                last = LedgerMQError(
-                    f"produce to {topic} at {addr}: {exc!r} (failed in phase {phase})",
-                    code="UNREACHABLE" if phase is RequestPhase.CONNECT else "TIMEOUT",
-                )
+                failed = BrokerUnreachableError if phase is RequestPhase.CONNECT else OutcomeUnknownError
+                last = failed(f"produce to {topic} at {addr}: {exc!r} (failed in phase {phase})")
                 maybe = maybe or (None if phase is RequestPhase.CONNECT else last)
                 addrs = self._next_addrs(topic, addrs, attempt)
             else:
                 if resp.status_code == 200:
                     return attempt + 1
                 last = problem_of(resp, f"produce to {topic} at {addr}")
-                if delivery_of_answer(resp.status_code, last.body) is Delivery.MAYBE:
+                if delivery_of_answer(resp.status_code, last.problem) is Delivery.MAYBE:
                     maybe = maybe or last
                 if last.code not in _RETRYABLE_CODES and resp.status_code not in (502, 503, 504):
                     raise self._failure(topic, home, messages, last, maybe, attempt)
-                master = last.body.get("masterAddr")
+                master = last.problem.get("masterAddr")
                 if last.code == "NOT_MASTER" and master:
                     addrs = [base_url(master)] + [a for a in addrs if a != base_url(master)]
                 else:
@@ -206,13 +202,13 @@ class _Producer:
     def _next_addrs(self, topic: str, addrs: list[str], attempt: int) -> list[str]:
         """The next member to try: rotate, and every third attempt re-read the home set's members."""
         if attempt % 3 == 2:
-            return list(self._home(topic, refresh=True).addrs) or addrs
+            return self._home(topic, refresh=True).urls() or addrs
         return addrs[1:] + addrs[:1]
 
     def _failure(
         self,
         topic: str,
-        home: BrokerSet,
+        home: BrokerSetRoute,
         messages: list[dict],
         last: LedgerMQError | None,
         maybe: LedgerMQError | None,
@@ -221,20 +217,32 @@ class _Producer:
         keys = f"{messages[0]['idempotencyKey']} .. {messages[-1]['idempotencyKey']}"
         where = f"{len(messages)} rows to {topic!r} on broker set {home.broker_name}"
         if maybe is not None:
-            return LedgerMQError(
+            return SendOutcomeUnknownError(
                 f"ledgermq sink: outcome unknown for {where} (keys {keys}) after {attempts} attempts: "
                 f"an attempt may have stored them ({maybe}); last: {last}. A retry of this task "
                 "re-sends the same keys to the same set, which stores each row once",
-                code="SEND_OUTCOME_UNKNOWN",
-                body={"brokerName": home.broker_name, "outcome": "unknown"},
+                topic=topic,
+                broker_name=home.broker_name,
+                messages=[_as_message(row) for row in messages],
+                cause=maybe,
             )
         assert last is not None
-        return LedgerMQError(
+        return type(last)(
             f"ledgermq sink: {where} refused after {attempts} attempts, nothing stored (keys {keys}): {last}",
-            code=last.code or "UNREACHABLE",
             status=last.status,
-            body=last.body,
+            problem=last.problem,
         )
+
+
+def _as_message(row: dict) -> Message:
+    """A produced row as the SDK's Message (what SendOutcomeUnknownError reports)."""
+    return Message(
+        body=base64.b64decode(row["body"]),
+        tags=row.get("tags"),
+        keys=row.get("keys", []),
+        properties=row.get("properties", {}),
+        idempotency_key=row["idempotencyKey"],
+    )
 
 
 def _column(batch: pa.RecordBatch, name: str) -> list | None:

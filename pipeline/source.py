@@ -33,6 +33,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from client.errors import LedgerMQError
 from pipeline.fetch import FetchOptions, QueuePartition, read_partition
 from pipeline.offsets import (
     DataLossError,
@@ -48,7 +49,7 @@ from pipeline.offsets import (
     sort_offsets,
     states_to_offsets,
 )
-from pipeline.routes import LedgerMQError, RouteResolver, split_addrs
+from pipeline.routes import RouteResolver, split_addrs
 from pipeline.schema import source_schema
 from pipeline.worker import freeze_worker_heap
 

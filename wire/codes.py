@@ -46,6 +46,28 @@ class ErrorCode(StrEnum):
     FORBIDDEN = "FORBIDDEN", 403, "Forbidden"
     SERVICE_UNAVAILABLE = "SERVICE_UNAVAILABLE", 503, "Service unavailable"
     INTERNAL_ERROR = "INTERNAL_ERROR", 500, "Internal error"
+    # message model (#15); RocketMQ gRPC names in comments
+    MESSAGE_TYPE_MISMATCH = (  # MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+        "MESSAGE_TYPE_MISMATCH",
+        400,
+        "Message type does not match the topic's message.type",
+    )
+    ILLEGAL_FILTER_EXPRESSION = "ILLEGAL_FILTER_EXPRESSION", 400, "Illegal filter expression"
+    FILTER_NOT_SUPPORTED = (  # SQL92 while enablePropertyFilter=false
+        "FILTER_NOT_SUPPORTED",
+        400,
+        "Filter type not supported by this broker",
+    )
+    ILLEGAL_DELIVERY_TIME = "ILLEGAL_DELIVERY_TIME", 400, "Illegal delivery time"
+    ILLEGAL_MESSAGE_GROUP = "ILLEGAL_MESSAGE_GROUP", 400, "Illegal message group"
+    INVALID_TRANSACTION_ID = "INVALID_TRANSACTION_ID", 400, "Invalid transaction id"
+    TRANSACTION_NOT_FOUND = "TRANSACTION_NOT_FOUND", 404, "Transaction not found"
+    TRANSACTION_CONFLICT = (  # commit after rollback, or the reverse
+        "TRANSACTION_CONFLICT",
+        409,
+        "Transaction already resolved the other way",
+    )
+    RECALL_FAILED = "RECALL_FAILED", 409, "Message cannot be recalled"
 
     @classmethod
     def of(cls, value: str) -> ErrorCode | None:

@@ -11,7 +11,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.types import StringType, StructField, StructType
 
-from pipeline.routes import LedgerMQError
+from client.errors import LedgerMQError
 from pipeline.sink import SinkOptions, write_batches
 from tests.integration._ledgermq_procs import ProcessGroup, start_namesrv
 from tests.ports import free_port
@@ -214,6 +214,6 @@ def test_a_failed_produce_says_whether_it_may_have_stored_the_rows(tmp_path, bro
     if server:
         server.join(5)
         assert server.read_bytes > 0
-        assert err.code == "SEND_OUTCOME_UNKNOWN" and err.body["brokerName"] == "broker-x"
+        assert err.code == "SEND_OUTCOME_UNKNOWN" and err.broker_name == "broker-x"
     else:
         assert err.code == "UNREACHABLE" and "nothing stored" in str(err)
