@@ -1,4 +1,4 @@
-"""Edges of group consumption (`broker/http/simple_consumer.py`): what the receipt routes do when
+"""Edges of group consumption (`broker/service/pop.py`): what the receipt routes do when
 the ground moves under a group — topic deleted and created again, read queues lowered, a DLQ write
 that fails, retention past the read pointer, an ack racing a receive that dead-letters — checked
 on real broker processes where they can reach the state, else in-process on a real store.
