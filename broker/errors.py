@@ -56,9 +56,7 @@ _REFUSED = frozenset({_E.LEADER_NOT_READY, _E.LEADER_PENDING_FULL})
 _OUTCOME_UNKNOWN = frozenset({_E.WAIT_QUORUM_ACK_TIMEOUT, _E.TERM_CHANGED, _E.TIMEOUT, _E.NETWORK_ERROR})
 
 
-def from_dledger(
-    exc: DLedgerException, not_master: Callable[[], BrokerError] | None = None
-) -> BrokerError:
+def from_dledger(exc: DLedgerException, not_master: Callable[[], BrokerError] | None = None) -> BrokerError:
     """The broker error for a DLedger failure. `not_master()` makes the NOT_MASTER answer (naming
     the master, or DISK_FULL when the leader's disk is the cause); without it, a plain NOT_MASTER.
 
@@ -69,8 +67,10 @@ def from_dledger(
     before the connection broke, so a retry must carry the same idempotency key."""
     code = exc.code
     if code in _NOT_MASTER:
-        err = not_master() if not_master is not None else BrokerError(BrokerCode.NOT_MASTER, "")
-        err.detail = f"{err.detail} (DLedger: {code.name})".lstrip()
+        if not_master is None:
+            return BrokerError(BrokerCode.NOT_MASTER, f"DLedger: {code.name}")
+        err = not_master()
+        err.detail = f"{err.detail} (DLedger: {code.name})"
         return err
     if code in _OUTCOME_UNKNOWN:
         return BrokerError(

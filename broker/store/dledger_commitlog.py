@@ -28,7 +28,7 @@ import struct
 from typing import TYPE_CHECKING
 
 from broker.config import BrokerConfig
-from broker.errors import BrokerCode, BrokerError
+from broker.errors import BrokerCode, BrokerError, from_dledger
 from broker.message import (
     BODY_LENGTH_POSITION,
     FIXED_OVERHEAD,
@@ -59,11 +59,6 @@ _E = DLedgerResponseCode
 # Messages packed into one entry: up to 256 KiB, or an eighth of a data file when files are small
 # (an entry never spans files, and a file's unused tail is at most one entry).
 _PACK_BYTES = 256 * 1024
-
-# DLedger failure → broker error (RocketMQ maps these to SERVICE_NOT_AVAILABLE, IN_SYNC_REPLICAS_NOT_ENOUGH,
-# OS_PAGE_CACHE_BUSY; we say precisely what a client should do).
-_NOT_MASTER_CODES = {_E.NOT_LEADER, _E.LEADER_TRANSFERRING, _E.LEADER_NOT_READY, _E.INCONSISTENT_LEADER}
-_OUTCOME_UNKNOWN_CODES = {_E.WAIT_QUORUM_ACK_TIMEOUT, _E.TERM_CHANGED, _E.TIMEOUT, _E.NETWORK_ERROR}
 
 
 class BrokerStateMachine(StateMachine):
@@ -262,7 +257,8 @@ class DLedgerCommitLog:
         try:
             results = await self.server.append([b"".join(g) for g in groups])
         except DLedgerException as exc:
-            raise self._broker_error(exc) from None
+            # One mapping (broker.errors); the store names the master in a NOT_MASTER (it knows the members).
+            raise from_dledger(exc) from None
         out = []
         for res, group in zip(results, groups, strict=True):
             phys = res.pos + BODY_OFFSET
@@ -284,20 +280,6 @@ class DLedgerCommitLog:
         """(QUEUEID, QUEUEOFFSET) of the message at `phys`, as the append hook stamped them."""
         head = self.dstore.get_data(phys, QUEUE_OFFSET_POSITION + 8)
         return _INT.unpack_from(head, QUEUE_ID_POSITION)[0], _LONG.unpack_from(head, QUEUE_OFFSET_POSITION)[0]
-
-    @staticmethod
-    def _broker_error(exc: DLedgerException) -> BrokerError:
-        code = exc.code
-        if code in _NOT_MASTER_CODES:  # the store names the master (it knows the members)
-            return BrokerError(BrokerCode.NOT_MASTER, f"DLedger: {code.name}")
-        if code in _OUTCOME_UNKNOWN_CODES:
-            return BrokerError(BrokerCode.TIMEOUT, f"not confirmed by a majority ({code.name}); the outcome "
-                               "is unknown: retry with the same idempotency key", outcome="unknown")
-        if code == _E.DISK_FULL:
-            return BrokerError(BrokerCode.DISK_FULL, f"DLedger store refused the append: {exc.detail}")
-        if code == _E.LEADER_PENDING_FULL:
-            return BrokerError(BrokerCode.SERVICE_UNAVAILABLE, "too many appends pending; retry later")
-        return BrokerError(BrokerCode.INTERNAL_ERROR, f"DLedger append failed: {exc}")
 
     # ---- reading --------------------------------------------------------------------------------
 

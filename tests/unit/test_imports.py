@@ -44,12 +44,6 @@ ALLOWED: dict[str, frozenset[str]] = {
 
 # Circles still being broken (issue #12), as sets of modules; remove a line when its circle is gone.
 KNOWN_CIRCLES: set[frozenset[str]] = {
-    # store: the role object owned by the controller
-    frozenset({"broker.controller", "broker.role_change"}),
-    # store: the CommitLog protocol, recovery with explicit collaborators
-    frozenset(
-        {"broker.store.dledger_commitlog", "broker.store.message_store", "broker.store.store_recovery"}
-    ),
     # dledger: the pusher and dispatchers reach the elector through a small interface
     frozenset({"dledger.dispatcher", "dledger.elector", "dledger.pusher"}),
     # dledger: the store's services take the store's context, not the store
