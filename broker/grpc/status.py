@@ -38,6 +38,24 @@ CODE_TABLE: dict[BrokerCode, int] = {
     BrokerCode.FORBIDDEN: Code.FORBIDDEN,
     BrokerCode.SERVICE_UNAVAILABLE: Code.TOO_MANY_REQUESTS,
     BrokerCode.INTERNAL_ERROR: Code.INTERNAL_SERVER_ERROR,
+    # Codes of the shared table the HTTP front-ends answer on their own (a body over the request
+    # limit, a framework's 404/405/415) or the SDK knows: never raised by a service today.
+    BrokerCode.GROUP_NOT_EXIST: Code.CONSUMER_GROUP_NOT_FOUND,
+    BrokerCode.INVALID_RECEIPT_HANDLE: Code.INVALID_RECEIPT_HANDLE,
+    BrokerCode.REQUEST_TOO_LARGE: Code.PAYLOAD_TOO_LARGE,
+    BrokerCode.UNSUPPORTED_MEDIA_TYPE: Code.BAD_REQUEST,
+    BrokerCode.METHOD_NOT_ALLOWED: Code.BAD_REQUEST,
+    BrokerCode.NOT_FOUND: Code.NOT_FOUND,
+    # The message model (#15): rocketmq-apis has a code for each.
+    BrokerCode.MESSAGE_TYPE_MISMATCH: Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+    BrokerCode.ILLEGAL_FILTER_EXPRESSION: Code.ILLEGAL_FILTER_EXPRESSION,
+    BrokerCode.FILTER_NOT_SUPPORTED: Code.UNSUPPORTED,
+    BrokerCode.ILLEGAL_DELIVERY_TIME: Code.ILLEGAL_DELIVERY_TIME,
+    BrokerCode.ILLEGAL_MESSAGE_GROUP: Code.ILLEGAL_MESSAGE_GROUP,
+    BrokerCode.INVALID_TRANSACTION_ID: Code.INVALID_TRANSACTION_ID,
+    BrokerCode.TRANSACTION_NOT_FOUND: Code.NOT_FOUND,
+    BrokerCode.TRANSACTION_CONFLICT: Code.PRECONDITION_FAILED,
+    BrokerCode.RECALL_FAILED: Code.PRECONDITION_FAILED,
 }
 
 # A few INVALID_REQUEST fields have a precise code of their own.
