@@ -23,8 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 OURS = ("apidocs", "broker", "client", "console", "dledger", "namesrv", "pipeline", "wire")
 FRONT_ENDS = ("broker.http", "broker.grpc")
@@ -200,9 +198,8 @@ def test_no_import_circle_beyond_the_known_ones() -> None:
     assert sorted(sorted(c) for c in CIRCLES - KNOWN_CIRCLES) == []
 
 
-@pytest.mark.parametrize("circle", sorted(sorted(c) for c in KNOWN_CIRCLES))
-def test_a_known_circle_still_exists_else_strike_it_from_the_list(circle: list[str]) -> None:
-    assert frozenset(circle) in CIRCLES
+def test_every_known_circle_still_exists_else_strike_it_from_the_list() -> None:
+    assert sorted(sorted(c) for c in KNOWN_CIRCLES - CIRCLES) == []
 
 
 def test_the_rules_catch_what_they_are_for() -> None:
