@@ -169,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     def on_signal(signum: int, _frame: Any) -> None:
         stop_requested.append(signum)
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    # SIGHUP too: closing the terminal must stop the cluster like Ctrl-C (each child runs in its
+    # own session, so the hang-up reaches only this process).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     print(f"Starting name server, broker-a (n0, n1, n2), console; logs in {cluster.log_dir}", flush=True)
     cluster.start()
     failed = True  # until the loop below says otherwise; keeps the logs of a failed start

@@ -17,11 +17,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from broker.errors import BrokerCode, BrokerError, invalid
 from broker.grpc.protocol import pb
 from broker.message import PROPERTY_UNIQ_KEY, Message, MessageExt
+from broker.service.validation import MAX_CLIENT_ID_LENGTH as MAX_MESSAGE_ID_LENGTH
 from broker.service.validation import check_message
-
-# A client's message id: RocketMQ's are 34 hex digits (docs/message_id.md); other clients' ids
-# are kept too, within a bound that keeps them usable as idempotency keys.
-MAX_MESSAGE_ID_LENGTH = 128
 
 
 def millis(ts: Timestamp) -> int:

@@ -22,7 +22,7 @@ from broker.http.schemas import PROBLEM_RESPONSES, MessageOut, ProduceResponse, 
 from broker.message import MessageExt
 from broker.service import MAX_PULL_MESSAGES, BrokerServices, GroupDelivery
 from broker.service.query import MAX_SEARCH_RESULTS
-from broker.service.validation import MAX_IDEMPOTENCY_KEY_LENGTH, MAX_TAGS_LENGTH
+from broker.service.validation import MAX_CLIENT_ID_LENGTH, MAX_IDEMPOTENCY_KEY_LENGTH, MAX_TAGS_LENGTH
 from wire.names import TOPIC_PATTERN
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,9 @@ _MESSAGE_ID_OPENAPI: dict[str, Any] = {
             "name": "msgId",
             "in": "path",
             "required": True,
-            "schema": {"type": "string", "pattern": "^[0-9A-Fa-f]{32}$"},
+            "schema": {"type": "string", "minLength": 1, "maxLength": MAX_CLIENT_ID_LENGTH},
+            "description": "an offset id (32 hex digits), or the client's own message id (RocketMQ "
+            "5's, sent as UNIQ_KEY) within idempotencyWindowMs",
         }
     ]
 }

@@ -11,14 +11,16 @@ time out instead)."""
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from broker.errors import BrokerCode, BrokerError
+from broker.errors import BrokerCode, BrokerError, invalid
 from broker.message import MessageExt, decode_message_id
 from broker.service.acl import AccessControl, Account, Right
 from broker.service.state import BrokerState
 from broker.service.topics import check_queue
+from broker.service.validation import MAX_CLIENT_ID_LENGTH
 from broker.topics import is_system_topic, validate_topic
 
 # Messages one search may read, over all queues: ~20 ms of the loop per 4,000 on this machine.
@@ -26,6 +28,7 @@ MAX_SCAN_MESSAGES = 20_000
 # Messages read per chunk; the loop serves other requests between chunks.
 _SCAN_CHUNK = 256
 MAX_SEARCH_RESULTS = 1_000
+_OFFSET_ID = re.compile(r"[0-9A-Fa-f]{32}")
 
 
 class SearchResult(NamedTuple):
@@ -52,7 +55,12 @@ class MessageQueryService:
         return msg
 
     def lookup(self, msg_id: str) -> MessageExt:
-        """`by_id` without the access check, for services that make their own."""
+        """`by_id` without the access check, for services that make their own. An id that is not
+        an offset id (32 hex digits) is taken as a client's message id: the UNIQ_KEY a RocketMQ 5
+        client sent the message with (34 hex digits), which is also its idempotency key, so the
+        idempotency table finds it within `idempotencyWindowMs`."""
+        if not _OFFSET_ID.fullmatch(msg_id):
+            return self.lookup(self._offset_id_of_client_id(msg_id))
         _, phys = decode_message_id(msg_id)
         try:
             msg = self.store.look_message_by_offset(phys)
@@ -67,6 +75,24 @@ class MessageQueryService:
         if msg is None or is_system_topic(msg.topic) or msg.msg_id != msg_id.upper():
             raise BrokerError(BrokerCode.MESSAGE_NOT_FOUND, f"no message {msg_id}")
         return msg
+
+    def _offset_id_of_client_id(self, client_id: str) -> str:
+        if not 0 < len(client_id) <= MAX_CLIENT_ID_LENGTH or not client_id.isprintable():
+            raise invalid(
+                "msgId",
+                f"expected an offset id (32 hex characters) or a client's message id (1-"
+                f"{MAX_CLIENT_ID_LENGTH} printable characters), got {client_id[:80]!r}",
+            )
+        idempotency = self.store.idempotency
+        for topic in self.store.topics.names():
+            hit = idempotency.get(topic, client_id)
+            if hit is not None:
+                return hit.msg_id
+        raise BrokerError(
+            BrokerCode.MESSAGE_NOT_FOUND,
+            f"no message {client_id!r}: not an offset id, and no message was sent with it as its client "
+            "id within idempotencyWindowMs (older ones: search the topic by key)",
+        )
 
     async def search(
         self,

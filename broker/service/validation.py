@@ -24,6 +24,9 @@ MAX_TAGS_LENGTH = 255
 MAX_KEY_LENGTH = 255
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 MAX_QUEUE_ID = 65535
+# A client's own id for a message (RocketMQ 5's clients: 34 hex digits, sent as UNIQ_KEY), kept
+# within a bound that keeps it usable as an idempotency key and a lookup key.
+MAX_CLIENT_ID_LENGTH = 128
 # Properties the broker sets from the message's own fields; never user properties.
 RESERVED_PROPERTIES = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_IDEMPOTENCY_KEY})
 

@@ -135,3 +135,19 @@ def test_check_message_accepts_a_full_message() -> None:
     check_message(
         Message("t", b"x", tags="a", keys=["k1"], properties={"p": "v"}, idempotency_key="i"), "m", 10
     )
+
+
+async def test_a_message_is_found_by_its_clients_id_too(services: BrokerServices) -> None:
+    """RocketMQ 5 clients know a message by their own id (34 hex digits, sent as UNIQ_KEY and used
+    as the idempotency key): the query finds it through the idempotency table."""
+    client_id = "01" + "AB" * 16
+    msg = Message("t", b"by-client-id", properties={"UNIQ_KEY": client_id}, idempotency_key=client_id)
+    (res,) = await services.produce.produce(ANONYMOUS, "t", [msg], [0])
+    found = services.query.by_id(ANONYMOUS, client_id)
+    assert found.body == b"by-client-id" and found.msg_id == res.msg_id
+    with pytest.raises(BrokerError) as err:
+        services.query.by_id(ANONYMOUS, "01" + "CD" * 16)
+    assert err.value.code == BrokerCode.MESSAGE_NOT_FOUND
+    with pytest.raises(BrokerError) as err:
+        services.query.by_id(ANONYMOUS, "x" * 129)
+    assert err.value.code == BrokerCode.INVALID_REQUEST and err.value.extra["field"] == "msgId"
