@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import time
 
-from broker.errors import BrokerCode, BrokerError, from_dledger
+from broker.errors import BrokerError, from_dledger
 from broker.message import Message
 from broker.service.acl import AccessControl, Account, Right
 from broker.service.metrics import BrokerMetrics
 from broker.service.state import BrokerState
 from broker.store.offsets import PutResult
-from broker.topics import TopicConfig, validate_topic
+from broker.topics import validate_topic
 from dledger.codes import DLedgerException
 
 __all__ = ["ProduceService", "PutResult"]
@@ -85,26 +85,17 @@ class ProduceService:
         label = topic if self.store.topics.get(topic) is not None else "_other"
         self.metrics.put_errors.labels(topic=label, code=exc.code.value).inc()
 
-    async def _writable_topic(self, topic: str) -> TopicConfig:
-        store = self.store
-        cfg = store.topics.get(topic)
-        if cfg is None:
-            cfg = await store.topics.auto_create(topic)
-            self.state.topics_changed()
-        if not cfg.is_writeable():
-            raise BrokerError(BrokerCode.NO_PERMISSION, f"topic {topic!r} is not writable (perm={cfg.perm})")
-        return cfg
-
     async def _put(self, topic: str, msgs: list[Message], queue_ids: list[int | None]) -> list[PutResult]:
-        cfg = await self._writable_topic(topic)
+        topics = self.store.topics
+        created = topics.get(topic) is None
+        # The topic's rules have one home (broker/topics.py), for the store's own puts too; here
+        # every message's queue is checked before the first store call of a multi-run batch.
+        cfg = await topics.writable(topic)
+        if created:
+            self.state.topics_changed()
         for i, q in enumerate(queue_ids):
-            if q is not None and q >= cfg.write_queue_nums:
-                raise BrokerError(
-                    BrokerCode.QUEUE_NOT_EXIST,
-                    f"messages[{i}].queueId {q}: topic {topic!r} has "
-                    f"write queues 0..{cfg.write_queue_nums - 1}",
-                    field=f"messages[{i}].queueId",
-                )
+            if q is not None:
+                cfg.check_write_queue(q, f"messages[{i}].queueId")
         results: list[PutResult] = []
         # One store call per run of messages bound for the same queue, in request order. The store
         # answers a commit timeout itself (TIMEOUT, outcome unknown), so no extra timer here.
