@@ -45,9 +45,7 @@ class BrokerController:
             from dledger.server import DLedgerServer
 
             if dledger_server is None:
-                dconf = config.to_dledger_config()
-                dconf.validate()
-                dledger_server = DLedgerServer(dconf)
+                dledger_server = DLedgerServer(config.to_dledger_config())  # validates it
             self.server = dledger_server
             commit_log = DLedgerCommitLog(config, dledger_server)
             peers = list(parse_peers(config.dledger_peers))

@@ -101,9 +101,7 @@ class DLedgerCommitLog:
         before the server (and the state machine caller) start."""
         self._dispatcher = dispatcher
         self._keep_from = keep_from
-        recover = getattr(self.dstore, "recover", None)
-        if recover is not None:
-            await asyncio.to_thread(recover)
+        await asyncio.to_thread(self.dstore.recover)
 
     async def start(self) -> None:
         """Resume dispatch at the entry holding the last dispatched message, then start the server."""
@@ -148,7 +146,7 @@ class DLedgerCommitLog:
         try:
             while lo <= hi:
                 mid = (lo + hi) // 2
-                if self._entry_pos(mid) <= phys - BODY_OFFSET:
+                if d.get_entry_pos_and_size(mid)[0] <= phys - BODY_OFFSET:
                     found, lo = mid, mid + 1
                 else:
                     hi = mid - 1
@@ -156,9 +154,6 @@ class DLedgerCommitLog:
             return -1
         return found
 
-    def _entry_pos(self, index: int) -> int:
-        pos_and_size = getattr(self.dstore, "get_entry_pos_and_size", None)
-        return pos_and_size(index)[0] if pos_and_size is not None else self.dstore.get(index).pos
 
     # ---- positions ----------------------------------------------------------------------------
 
@@ -175,8 +170,7 @@ class DLedgerCommitLog:
     @property
     def data_end(self) -> int:
         """End of the data actually in the files (recovery cuts consume queues beyond it)."""
-        files = getattr(self.dstore, "data_file_list", None)
-        return files.max_wrote_position if files is not None else self.max_offset
+        return self.dstore.data_end_pos
 
     @property
     def leader_id(self) -> str | None:

@@ -2,9 +2,10 @@
 
 Topic configs and consumer offsets are records in the commit log. Here retention really deletes
 the files that held them: the data files are aged the way days of running would age them
-(`os.utime`, `fileReservedTime=1` hour, every hour a `deleteWhen` hour) and the broker's own
+(`os.utime`, `fileReservedTime=1` hour, every hour a `deleteWhen` hour) and the brokers' own
 clean-up deletes them. The state must come back from the state snapshot the master re-wrote ahead
-of them, after any number of retention passes and restarts.
+of them — after restarts, after a failover, on a member whose disk was wiped (it rejoins from the
+leader's log, which no longer starts at index 0), and on that member once it is master.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from tests.integration._ledgermq_procs import (
     ProcessGroup,
     free_port,
     start_broker,
+    start_dledger_set,
     wait_http,
+    wait_master,
 )
 
 pytestmark = pytest.mark.slow
@@ -64,6 +67,24 @@ def produce_files(addr: str, files: float) -> None:
         r = api(addr, "POST", f"/topics/{DATA}/messages",
                 json={"messages": [{"body": body, "queueId": q % 2} for q in range(16)]})
         assert r.status_code == 200, r.text
+
+
+def roll_past_the_snapshot(addr: str, data_dir: Path, log_text) -> None:
+    """Let any due state snapshot be written, then write until the log rolls into a new file: the
+    last snapshot now lies in a file retention would delete if nothing held it (the growth since
+    it stays under one file, so no new one is due)."""
+    wait_until(lambda: _settled(log_text), "state snapshots to settle")
+    files = len(list(data_dir.iterdir()))
+    while len(list(data_dir.iterdir())) == files:
+        r = api(addr, "POST", f"/topics/{DATA}/messages", json={"messages": [{"body": "y" * 4000}] * 4})
+        assert r.status_code == 200, r.text
+
+
+def _settled(log_text, quiet_s: float = 1.5) -> bool:
+    """No snapshot written for `quiet_s` (the master writes a due one within a second)."""
+    before = log_text().count("event=state_snapshot_written")
+    time.sleep(quiet_s)
+    return log_text().count("event=state_snapshot_written") == before
 
 
 def check_state(addr: str) -> None:
@@ -135,9 +156,11 @@ def test_local_state_survives_retention_and_restarts(tmp_path):
         addr = start_broker(group, tmp_path, CONF / "broker-single.conf", "b", None, **RETENTION)
         conf = tmp_path / "b.conf"
         create_state(addr)
+        data_dir = tmp_path / "store-b" / "commitlog"
         for _ in range(2):  # two rounds: retention twice, restart twice
             produce_files(addr, 4)
-            age_and_wait_deleted(tmp_path / "store-b" / "commitlog")
+            roll_past_the_snapshot(addr, data_dir, lambda: group.log_text("b"))
+            age_and_wait_deleted(data_dir)
             restart(group, "b", conf, addr)
             check_state(addr)
         # Pop state in the snapshot: its records now lie before the snapshot the restart starts at.
@@ -149,6 +172,57 @@ def test_local_state_survives_retention_and_restarts(tmp_path):
         restart(group, "b", conf, addr)
         check_pop_state(addr)
         check_state(addr)
+    finally:
+        group.stop_all()
+
+
+def test_dledger_state_survives_retention_failover_and_a_wiped_member(tmp_path):
+    pytest.importorskip("dledger.rpc.tcp")
+    group = ProcessGroup(tmp_path)
+    try:
+        addrs = start_dledger_set(group, tmp_path, None, **RETENTION)
+        master = wait_master(addrs)
+        create_state(addrs[master])
+        produce_files(addrs[master], 4)
+        roll_past_the_snapshot(addrs[master], tmp_path / f"store-{master}" / f"dledger-{master}" / "data",
+                               lambda: group.log_text(master))
+        for sid in addrs:
+            age_and_wait_deleted(tmp_path / f"store-{sid}" / f"dledger-{sid}" / "data")
+        # Failover: the old master dies; the new one answers from its own log.
+        group.kill(master)
+        new_master = wait_master(addrs, exclude={master})
+        check_state(addrs[new_master])
+        proc = group.start(master, "broker", "-c", str(tmp_path / f"{master}.conf"))
+        wait_http(f"http://{addrs[master]}/health", proc=proc, timeout_s=30)
+        # A replaced machine: a follower's store wiped; the leader's log no longer starts at 0.
+        wiped = next(sid for sid in addrs if sid not in (new_master, master))
+        group.kill(wiped, signal.SIGTERM)
+        shutil.rmtree(tmp_path / f"store-{wiped}")
+        proc = group.start(wiped, "broker", "-c", str(tmp_path / f"{wiped}.conf"))
+        wait_http(f"http://{addrs[wiped]}/health", proc=proc, timeout_s=30)
+        deadline = time.monotonic() + 30
+        while True:  # it catches up from the leader's begin index
+            try:
+                check_state(addrs[wiped])
+                break
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        # ... and can become master with that state.
+        r = api(addrs[new_master], "POST", "/admin/leadership-transfer", json={"transfereeId": wiped})
+        assert r.status_code == 200, r.text
+        assert wait_master(addrs, timeout_s=20) == wiped
+        check_state(addrs[wiped])
+        produce_files(addrs[wiped], 0.2)
+        # Every member restarted: the state is rebuilt from what is left of each log.
+        for sid in addrs:
+            group.kill(sid, signal.SIGTERM)
+        for sid in addrs:
+            group.start(sid, "broker", "-c", str(tmp_path / f"{sid}.conf"))
+        for sid, addr in addrs.items():
+            wait_http(f"http://{addr}/health", proc=group.procs[sid], timeout_s=30)
+            check_state(addr)
     finally:
         group.stop_all()
 
