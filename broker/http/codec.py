@@ -25,6 +25,7 @@ from broker.message import (
     PROPERTY_UNIQ_KEY,
     Message,
     MessageExt,
+    MessageHead,
     bytes_to_properties,
     create_message_id,
 )
@@ -219,14 +220,15 @@ _UNIQ_ONLY = f"{PROPERTY_UNIQ_KEY}\x01".encode()
 _BODY_AT = BODY_LENGTH_POSITION + 4
 
 
-# The fields of a stored message's fixed header (the store's unpack) that a pull answer carries:
-# TOTALSIZE, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, BORNTIMESTAMP, STORETIMESTAMP, STOREHOST ip and
-# port, RECONSUMETIMES.
-_head_fields = operator.itemgetter(0, 3, 5, 6, 8, 11, 12, 13, 14)
+# The fields of a stored message's head (`broker.message.MessageHead`) that a pull answer carries,
+# fetched by one itemgetter (positions looked up by name once: a quarter cheaper than attrgetter).
+_head_fields = operator.itemgetter(*(MessageHead._fields.index(name) for name in (
+    "total_size", "queue_id", "queue_offset", "physical_offset", "born_timestamp", "store_timestamp",
+    "store_ip", "store_port", "reconsume_times")))
 
 
 def message_json_view(
-    view: memoryview, head: tuple, topic_at: int, props_at: int, force_base64: bool = False
+    view: memoryview, head: MessageHead, topic_at: int, props_at: int, force_base64: bool = False
 ) -> dict[str, Any]:
     """`message_json` built straight from a stored message's bytes (validated by the store's
     `read_messages`): no `MessageExt`, no body copy before the text decode, and a message whose
@@ -311,7 +313,9 @@ _pack_record = PULL_RECORD.pack
 _HOST_PREFIX_B: dict[tuple[bytes, int], bytes] = {}
 
 
-def message_binary_view(view: memoryview, head: tuple, topic_at: int, props_at: int) -> tuple[bytes, bytes]:
+def message_binary_view(
+    view: memoryview, head: MessageHead, topic_at: int, props_at: int
+) -> tuple[bytes, bytes]:
     """One stored message as (record + variable fields, body) of the binary pull format, built
     from the store's validated bytes like `message_json_view` (the same fields, no text decode)."""
     total, queue_id, queue_offset, phys, born_ts, store_ts, store_ip, store_port, reconsume = _head_fields(

@@ -26,7 +26,7 @@ from broker.http.codec import (
     parse_produce_raw,
     pull_binary_bytes,
 )
-from broker.message import Message
+from broker.message import Message, MessageHead
 from broker.service import MAX_PULL_MESSAGES, Account, BrokerServices
 from broker.service.pull import MessageBuilder
 from dledger.codes import DLedgerException
@@ -80,7 +80,7 @@ def int_param(params: Mapping[str, str], name: str, default: int | None, lo: int
     return value
 
 
-def _build_base64(view: memoryview, head: tuple, topic_at: int, props_at: int) -> dict[str, Any]:
+def _build_base64(view: memoryview, head: MessageHead, topic_at: int, props_at: int) -> dict[str, Any]:
     return message_json_view(view, head, topic_at, props_at, True)
 
 
