@@ -42,6 +42,8 @@ COUNT_HEADER = "X-Console-Backend-Requests"
 STATIC_DIR = Path(__file__).parent / "static"
 # Form bodies are a few fields; anything larger is not from our pages.
 MAX_FORM_BYTES = 16 * 1024
+# Time zones lie within UTC-12..UTC+14; a day either way leaves room and keeps the sum in range.
+MAX_TZ_OFFSET_MIN = 24 * 60
 
 NAV = [
     ("cluster", "/cluster", "Cluster"),
@@ -435,7 +437,12 @@ def _time_field(form: dict[str, str], name: str, offset_name: str) -> int:
         offset_min = int(form.get(offset_name) or 0)
     except ValueError:
         raise FormError(f"{offset_name}: not a number of minutes") from None
-    utc = local.replace(tzinfo=UTC) + timedelta(minutes=offset_min)
+    if abs(offset_min) > MAX_TZ_OFFSET_MIN:
+        raise FormError(f"{offset_name}: {offset_min} is outside ±{MAX_TZ_OFFSET_MIN} minutes")
+    try:
+        utc = local.replace(tzinfo=UTC) + timedelta(minutes=offset_min)
+    except OverflowError:
+        raise FormError(f"{name}: {raw!r} is out of range in UTC") from None
     return int(utc.timestamp() * 1000)
 
 
