@@ -284,7 +284,7 @@ def create_app(namesrv_addr: str, *, refresh_ms: int = 1000) -> FastAPI:
             found, search, error = None, None, None
             try:
                 if q.get("msgId"):
-                    found = await views.message_view(admin, q["msgId"])
+                    found = await views.message_view(admin, q["msgId"], q.get("topic") or None)
                 elif q.get("topic"):
                     search = await views.search_view(admin, q["topic"], **_search_criteria(q))
             except FormError as exc:

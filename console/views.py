@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.admin import AsyncAdmin
-from client.errors import LedgerMQError, TopicNotExistError, UnauthorizedError
+from client.admin import AsyncAdmin, decode_message_id
+from client.errors import BadRequestError, LedgerMQError, TopicNotExistError, UnauthorizedError
 from console.throughput import Throughput, TopicRate, parse_counters
 
 # A member's /status must answer within this, or the row shows it as unreachable: the cluster
@@ -393,9 +393,25 @@ class MessageView:
     deliveries_error: str | None = None
 
 
-async def message_view(admin: AsyncAdmin, msg_id: str) -> MessageView:
-    """A message by id and its delivery state and history per group, asked at once."""
+async def message_view(admin: AsyncAdmin, msg_id: str, topic: str | None = None) -> MessageView:
+    """A message by id and its delivery state and history per group, asked at once.
+
+    `msg_id` is the broker's offset id, or — with `topic` — the id a RocketMQ 5 client was given
+    (its UNIQ_KEY, what its logs print): no broker indexes those, so the topic is searched for it
+    (the broker's key search matches UNIQ_KEY too), then the message is shown by its broker id."""
     view = MessageView()
+    if not is_offset_message_id(msg_id):
+        if not topic:
+            view.error = (
+                f"{msg_id!r} is not a broker message id (32 hex digits): for the id a RocketMQ 5 "
+                "client printed, give its topic too"
+            )
+            return view
+        found = await search_view(admin, topic, key=msg_id, max_messages=MAX_UNIQ_KEY_MATCHES)
+        if found.error or not found.rows:
+            view.error = found.error or _not_found_by_key(msg_id, topic, found)
+            return view
+        msg_id = found.rows[0]["msgId"]
     message, deliveries = await _gather([admin.query_msg_by_id(msg_id), admin.message_deliveries(msg_id)])
     if isinstance(message, Exception):
         view.error = error_text(message)
@@ -406,6 +422,27 @@ async def message_view(admin: AsyncAdmin, msg_id: str) -> MessageView:
     else:
         view.deliveries = deliveries
     return view
+
+
+# A UNIQ_KEY names one message; a few more rows only when an application reused it as a key.
+MAX_UNIQ_KEY_MATCHES = 4
+
+
+def is_offset_message_id(msg_id: str) -> bool:
+    """True for a broker's offset message id (32 hex digits: store host + commit-log offset)."""
+    try:
+        decode_message_id(msg_id)
+    except BadRequestError:
+        return False
+    return True
+
+
+def _not_found_by_key(msg_id: str, topic: str, found: SearchView) -> str:
+    where = "; ".join(f"{name}: {err}" for name, err in sorted(found.set_errors.items()))
+    text = f"MESSAGE_NOT_FOUND: no message of topic {topic!r} has id {msg_id!r}"
+    if found.truncated:
+        text += f" among the {found.scanned:,} messages scanned (the scan stopped: the topic holds more)"
+    return f"{text} ({where})" if where else text
 
 
 DLQ_PREFIX = "%DLQ%"
