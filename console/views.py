@@ -396,22 +396,16 @@ class MessageView:
 async def message_view(admin: AsyncAdmin, msg_id: str, topic: str | None = None) -> MessageView:
     """A message by id and its delivery state and history per group, asked at once.
 
-    `msg_id` is the broker's offset id, or — with `topic` — the id a RocketMQ 5 client was given
-    (its UNIQ_KEY, what its logs print): no broker indexes those, so the topic is searched for it
-    (the broker's key search matches UNIQ_KEY too), then the message is shown by its broker id."""
+    `msg_id` is the broker's offset id, or the id a RocketMQ 5 client was given (its UNIQ_KEY,
+    what its logs print): brokers know those only for a while (their idempotency window), so with
+    `topic` the topic is searched for it (the broker's key search matches UNIQ_KEY too). Either
+    way the message is then shown by its broker id."""
     view = MessageView()
     if not is_offset_message_id(msg_id):
-        if not topic:
-            view.error = (
-                f"{msg_id!r} is not a broker message id (32 hex digits): for the id a RocketMQ 5 "
-                "client printed, give its topic too"
-            )
+        offset_id, view.error = await _offset_id_of_client_id(admin, msg_id, topic)
+        if offset_id is None:
             return view
-        found = await search_view(admin, topic, key=msg_id, max_messages=MAX_UNIQ_KEY_MATCHES)
-        if found.error or not found.rows:
-            view.error = found.error or _not_found_by_key(msg_id, topic, found)
-            return view
-        msg_id = found.rows[0]["msgId"]
+        msg_id = offset_id
     message, deliveries = await _gather([admin.query_msg_by_id(msg_id), admin.message_deliveries(msg_id)])
     if isinstance(message, Exception):
         view.error = error_text(message)
@@ -435,6 +429,23 @@ def is_offset_message_id(msg_id: str) -> bool:
     except BadRequestError:
         return False
     return True
+
+
+async def _offset_id_of_client_id(
+    admin: AsyncAdmin, msg_id: str, topic: str | None
+) -> tuple[str | None, str | None]:
+    """(the broker id of the message a client knows as `msg_id`, None) or (None, the error)."""
+    if topic:
+        found = await search_view(admin, topic, key=msg_id, max_messages=MAX_UNIQ_KEY_MATCHES)
+        if found.error or not found.rows:
+            return None, found.error or _not_found_by_key(msg_id, topic, found)
+        return found.rows[0]["msgId"], None
+    try:
+        return (await admin.query_msg_by_id(msg_id))["msgId"], None
+    except UnauthorizedError:
+        raise
+    except LedgerMQError as exc:
+        return None, f"{error_text(exc)} — for the id a RocketMQ 5 client printed, give its topic too"
 
 
 def _not_found_by_key(msg_id: str, topic: str, found: SearchView) -> str:
