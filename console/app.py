@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from fastapi import FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, Undefined, select_autoescape
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from client.admin import AsyncAdmin
@@ -130,6 +131,14 @@ def create_app(namesrv_addr: str, *, refresh_ms: int = 1000) -> FastAPI:
         tmpl = env.get_template("error.html")
         html = tmpl.render(nav=NAV, current="", title="Console error", namesrv=namesrv_addr, detail=detail)
         return HTMLResponse(html, status_code=500)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # A mistyped address or a form posted to a page gets a page with the navigation, not JSON.
+        detail = f"{request.method} {request.url.path}: {exc.detail}"
+        tmpl = env.get_template("error.html")
+        html = tmpl.render(nav=NAV, current="", title=exc.detail, namesrv=namesrv_addr, detail=detail)
+        return HTMLResponse(html, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     def admin_for(request: Request) -> AsyncAdmin:
         return backend.admin(backend.session_token(request.cookies.get(SESSION_COOKIE)))

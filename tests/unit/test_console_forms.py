@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from urllib.parse import quote, unquote, urlencode
 
 import pytest
+from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from fastapi.testclient import TestClient
 
 from console.app import FLASH_COOKIE, create_app
 from tests.ports import free_port
@@ -108,3 +108,11 @@ def test_admin_forms_never_fail_the_console(
     body = urlencode({"msgId": transferee})
     path = f"/groups/{quote(topic, safe='') or 'g'}/dlq/resend"
     assert console.post(path, content=body, headers=FORM).status_code in (303, 404)
+
+
+def test_an_unknown_address_is_a_page_with_the_navigation(console: TestClient) -> None:
+    r = console.get("/nope")
+    assert r.status_code == 404 and r.headers["content-type"].startswith("text/html")
+    assert 'href="/cluster"' in r.text and "GET /nope: Not Found" in r.text
+    r = console.post("/cluster", content=b"", headers=FORM)
+    assert r.status_code == 405 and "POST /cluster: Method Not Allowed" in r.text
