@@ -238,6 +238,24 @@ class AsyncAdmin:
         """One member's Prometheus exposition (`GET /metrics`), as text."""
         return await self.transport.request("GET", f"{base_url(addr)}/metrics", timeout_s=timeout_s)
 
+    async def client_list(self, group: str | None = None) -> list[dict[str, Any]]:
+        """Clients every reachable member saw lately (`GET /clients`): HTTP consumers and RocketMQ 5
+        gRPC producers and consumers, each row with its broker set and member; `group`'s only."""
+        rows = []
+        params = {"group": group} if group else None
+        for s in await self.broker_sets():
+            for addr in sorted(set(s.addrs.values())):
+                try:
+                    doc = await self.transport.request(
+                        "GET", f"{base_url(addr)}/clients", params=params, timeout_s=3.0
+                    )
+                except LedgerMQError:
+                    continue  # a member down: its clients have moved to the others
+                rows += [
+                    {"brokerName": s.broker_name, "brokerAddr": addr, **c} for c in doc.get("clients", [])
+                ]
+        return rows
+
     async def leadership_transfer(self, broker_name: str, transferee_id: str) -> dict[str, Any]:
         """Ask the master of `broker_name` to hand DLedger leadership to member `transferee_id`."""
         (s,) = await self.broker_sets(broker_name=broker_name)
@@ -332,7 +350,6 @@ class AsyncAdmin:
         if unreachable and len(unreachable) == len(named or sets):
             raise BrokerUnreachableError(f"message {msg_id}: no member of {', '.join(unreachable)} answered")
         raise MessageNotFoundError(f"message {msg_id} not found on any broker set")
-
 
     async def search_messages_of_set(
         self,

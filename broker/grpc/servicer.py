@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -29,8 +30,9 @@ from broker.grpc.forward import Forwarder
 from broker.grpc.protocol import Code, pb, spb, spb_grpc
 from broker.grpc.renewal import AUTO_RENEW_INVISIBLE_MS, InvisibilityRenewer
 from broker.grpc.route import RouteResolver, assignments, message_queues
-from broker.grpc.settings import settings_reply
+from broker.grpc.settings import identity, settings_reply
 from broker.grpc.status import OK, error_status, status
+from broker.service.clients import ClientProtocol
 from broker.service.pop import AckStatus
 from broker.topics import validate_topic
 from dledger.codes import DLedgerException
@@ -41,6 +43,9 @@ log = logging.getLogger(__name__)
 # its request timeout + the await duration), so the answer arrives before the client gives up.
 POLL_DEADLINE_MARGIN_MS = 1_000
 MESSAGE_MODEL = "the message model (FIFO, delay, transactions: issue #15)"
+# Clients whose Settings are remembered (the oldest forgotten first; a forgotten one is known
+# again at its next Settings, every 5 minutes at the latest).
+MAX_CLIENT_IDENTITIES = 10_000
 
 
 class Unimplemented(Exception):
@@ -114,6 +119,8 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
         self.forwarder = forwarder
         self.metrics = metrics
         self.acks = AckBatcher(services.pop, renewer.current)
+        # client id -> what its last Settings said (re-reported to the registry on each heartbeat)
+        self._identities: OrderedDict[str, tuple[list[tuple[str, str]], str, str, str]] = OrderedDict()
 
     def _count(self, method: str, code: str, t0: float) -> None:
         self.metrics.requests.labels(method=method, code=code).inc()
@@ -124,6 +131,25 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
         account = auth.authenticate(self.services.acl, meta)
         self.renewer.seen(meta.get(auth.CLIENT_ID, ""))
         return meta, account
+
+    def _report(self, client_id: str, context: Any) -> None:
+        """Tell the client registry this client is alive (admin API, `mqadmin clientList`)."""
+        known = self._identities.get(client_id)
+        if known is None:
+            return
+        pairs, client_type, language, version = known
+        addr = context.peer().partition(":")[2]
+        for group, topic in pairs:
+            self.services.clients.seen(
+                group,
+                topic,
+                ClientProtocol.GRPC,
+                client_id,
+                addr,
+                client_type=client_type,
+                language=language,
+                version=version,
+            )
 
     @staticmethod
     def _client_id(meta: dict[str, str]) -> str:
@@ -151,17 +177,21 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
     @_activity(spb.HeartbeatResponse)
     async def Heartbeat(self, request: Any, context: Any) -> Any:
         meta, _ = self._caller(context)
-        self._client_id(meta)
+        client_id = self._client_id(meta)
         if request.client_type not in pb.ClientType.values():
             return spb.HeartbeatResponse(
                 status=status(Code.UNRECOGNIZED_CLIENT_TYPE, f"unknown client type {request.client_type}")
             )
+        self._report(client_id, context)
         return spb.HeartbeatResponse(status=OK)
 
     @_activity(spb.NotifyClientTerminationResponse)
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
         meta, _ = self._caller(context)
-        self.renewer.forget_client(self._client_id(meta))
+        client_id = self._client_id(meta)
+        self.renewer.forget_client(client_id)
+        self._identities.pop(client_id, None)
+        self.services.clients.forget(ClientProtocol.GRPC, client_id)
         return spb.NotifyClientTerminationResponse(status=OK)
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
@@ -169,7 +199,7 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
         (server-to-client commands travel on it) until the client closes it."""
         try:
             meta, _ = self._caller(context)
-            self._client_id(meta)
+            client_id = self._client_id(meta)
         except BrokerError as exc:
             self._count("Telemetry", Code.Name(error_status(exc).code), time.perf_counter())
             yield spb.TelemetryCommand(status=error_status(exc))
@@ -188,6 +218,11 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
                 self._count("Telemetry", Code.Name(error_status(exc).code), t0)
                 yield spb.TelemetryCommand(status=error_status(exc))
                 continue
+            self._identities.pop(client_id, None)
+            self._identities[client_id] = identity(cmd.settings, meta)
+            if len(self._identities) > MAX_CLIENT_IDENTITIES:
+                self._identities.popitem(last=False)
+            self._report(client_id, context)
             self._count("Telemetry", "OK", t0)
             yield spb.TelemetryCommand(status=OK, settings=reply)
 

@@ -67,3 +67,22 @@ def settings_reply(client: pb.Settings, *, max_message_size: int, max_reconsume_
             _backoff(max_reconsume_times + 1, CONSUMER_BACKOFF_INITIAL_MS, CONSUMER_BACKOFF_MAX_MS)
         )
     return out
+
+
+def identity(settings: pb.Settings, meta: dict[str, str]) -> tuple[list[tuple[str, str]], str, str, str]:
+    """What an accepted Settings says about its client, for the client registry: its (group,
+    topic) pairs — a producer's group is its topic, as RocketMQ's proxy names gRPC producers —,
+    its type, language and version."""
+    if settings.HasField("subscription"):
+        group = settings.subscription.group.name
+        pairs = [(group, s.topic.name) for s in settings.subscription.subscriptions] or [(group, "")]
+    else:
+        pairs = [(t.name, t.name) for t in settings.publishing.topics]
+    ua = settings.user_agent
+    language = pb.Language.Name(ua.language) if ua.language in pb.Language.values() and ua.language else ""
+    return (
+        pairs,
+        pb.ClientType.Name(settings.client_type),
+        language or meta.get("x-mq-language", ""),
+        ua.version or meta.get("x-mq-client-version", ""),
+    )

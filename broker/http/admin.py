@@ -66,6 +66,9 @@ def client_json(c: ClientInfo) -> dict[str, Any]:
         "addr": c.addr,
         "topic": c.topic,
         "lastSeen": c.last_seen_ms,
+        "clientType": c.client_type or None,
+        "language": c.language or None,
+        "version": c.version or None,
     }
 
 
@@ -211,6 +214,14 @@ def _offset_routes(services: BrokerServices) -> APIRouter:
     @router.get("/consumers", summary="Groups with committed offsets")
     async def groups() -> dict[str, Any]:
         return {"groups": offsets.groups()}
+
+    @router.get(
+        "/clients",
+        summary="Clients seen lately (HTTP consumers, RocketMQ 5 gRPC producers and consumers): id, "
+        "type, group, topic, language, version, address",
+    )
+    async def clients(group: Annotated[str | None, Query(max_length=255)] = None) -> dict[str, Any]:
+        return {"clients": [{"group": c.group, **client_json(c)} for c in services.clients.clients(group)]}
 
     return router
 

@@ -30,6 +30,11 @@ class ClientInfo(NamedTuple):
     client_id: str
     addr: str
     last_seen_ms: int
+    # What a session protocol's client says about itself (RocketMQ 5 gRPC Settings): PRODUCER,
+    # SIMPLE_CONSUMER, PUSH_CONSUMER, ...; the client's language and version. "" when unknown.
+    client_type: str = ""
+    language: str = ""
+    version: str = ""
 
 
 class ClientRegistry:
@@ -43,11 +48,25 @@ class ClientRegistry:
         self.max_clients = max_clients
         self._clients: OrderedDict[tuple[str, str, str], ClientInfo] = OrderedDict()
 
-    def seen(self, group: str, topic: str, protocol: ClientProtocol, client_id: str, addr: str) -> None:
-        """A consumer of `group` made a request now."""
+    def seen(
+        self,
+        group: str,
+        topic: str,
+        protocol: ClientProtocol,
+        client_id: str,
+        addr: str,
+        *,
+        client_type: str = "",
+        language: str = "",
+        version: str = "",
+    ) -> None:
+        """A client of `group` (a producer's group is its topic, as RocketMQ's proxy names gRPC
+        producers) made a request now."""
         key = (group, protocol, client_id)
         self._clients.pop(key, None)
-        self._clients[key] = ClientInfo(group, topic, protocol, client_id, addr, self.clock_ms())
+        self._clients[key] = ClientInfo(
+            group, topic, protocol, client_id, addr, self.clock_ms(), client_type, language, version
+        )
         if len(self._clients) > self.max_clients:
             self._clients.popitem(last=False)
 
@@ -59,3 +78,8 @@ class ClientRegistry:
             del self._clients[key]
         live = [c for c in self._clients.values() if group is None or c.group == group]
         return sorted(live, key=lambda c: (c.group, c.client_id, c.protocol))
+
+    def forget(self, protocol: ClientProtocol, client_id: str) -> None:
+        """The client said it shut down (gRPC NotifyClientTermination): drop it at once."""
+        for key in [k for k in self._clients if k[1] == protocol and k[2] == client_id]:
+            del self._clients[key]

@@ -23,6 +23,7 @@ from rocketmq import (
 
 from broker.grpc.convert import duration
 from broker.grpc.protocol import Code, pb, spb, spb_grpc
+from client.admin import Admin
 from tests.integration._grpc_harness import (
     NODE_DIR,
     SCRIPTS,
@@ -322,3 +323,40 @@ def test_a_slave_forwards_master_calls(cluster: GrpcSet) -> None:
             timeout=10,
         )
         assert ack.status.code == Code.OK, ack.status
+
+
+def test_connected_grpc_clients_in_admin_api_and_mqadmin(cluster: GrpcSet) -> None:
+    """A running simple consumer and producer show up — id, type, group, language, version — in
+    the master's `GET /clients` and in the SDK's `Admin.client_list` (RocketMQ's console shows gRPC clients
+    as offline); a shut-down client leaves the list at once."""
+    topic = "grpc-admin"
+    cluster.create_topic(topic)
+    consumer = SimpleConsumer(config(cluster), "g-admin", {topic: FilterExpression()}, await_duration=1)
+    consumer.startup()
+    producer = Producer(config(cluster), (topic,))
+    producer.startup()
+    master = cluster.http[cluster.master()]
+    try:
+        deadline = time.monotonic() + 10
+        mine: dict = {}
+        while len(mine) < 2 and time.monotonic() < deadline:
+            listed = httpx.get(f"http://{master}/clients", timeout=5).json()["clients"]
+            mine = {c["clientType"]: c for c in listed if c["group"] in ("g-admin", topic)}
+            time.sleep(0.1)
+        assert set(mine) == {"SIMPLE_CONSUMER", "PRODUCER"}, listed
+        c = mine["SIMPLE_CONSUMER"]
+        assert (c["group"], c["topic"], c["protocol"], c["language"], c["version"]) == (
+            "g-admin",
+            topic,
+            "gRPC",
+            "PYTHON",
+            "5.1.2",
+        )
+        assert mine["PRODUCER"]["group"] == topic
+        with Admin(cluster.namesrv) as admin:  # the SDK, every member of every set
+            assert c["clientId"] in {r["clientId"] for r in admin.client_list("g-admin")}
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+    listed = httpx.get(f"http://{master}/clients", params={"group": "g-admin"}, timeout=5).json()["clients"]
+    assert c["clientId"] not in {x["clientId"] for x in listed}

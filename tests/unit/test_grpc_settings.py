@@ -8,7 +8,8 @@ import pytest
 from broker.errors import BrokerError
 from broker.grpc.convert import duration
 from broker.grpc.protocol import pb
-from broker.grpc.settings import settings_reply
+from broker.grpc.settings import identity, settings_reply
+from broker.service.clients import ClientProtocol, ClientRegistry
 
 
 def reply(settings: pb.Settings) -> pb.Settings:
@@ -60,3 +61,28 @@ def test_consumer_keeps_its_own_long_polling_timeout() -> None:
 def test_incomplete_client_settings_are_refused(settings: pb.Settings) -> None:
     with pytest.raises(BrokerError):
         reply(settings)
+
+
+def test_identity_of_consumers_and_producers() -> None:
+    sub = pb.Subscription(
+        group=pb.Resource(name="g"),
+        subscriptions=[pb.SubscriptionEntry(topic=pb.Resource(name=t)) for t in ("t1", "t2")],
+    )
+    ua = pb.UA(language=pb.PYTHON, version="5.1.2")
+    assert identity(pb.Settings(client_type=pb.PUSH_CONSUMER, subscription=sub, user_agent=ua), {}) == (
+        [("g", "t1"), ("g", "t2")],
+        "PUSH_CONSUMER",
+        "PYTHON",
+        "5.1.2",
+    )
+    producer = pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="t")]))
+    meta = {"x-mq-language": "HTTP", "x-mq-client-version": "1.0.8"}  # Node.js says HTTP in its header
+    assert identity(producer, meta) == ([("t", "t")], "PRODUCER", "HTTP", "1.0.8")
+
+
+def test_registry_forgets_a_terminated_grpc_client_only() -> None:
+    reg = ClientRegistry(lambda: 1_000)
+    reg.seen("g", "t", ClientProtocol.GRPC, "c1", "h:1", client_type="SIMPLE_CONSUMER", language="PYTHON")
+    reg.seen("g", "t", ClientProtocol.HTTP, "c1", "h:1")
+    reg.forget(ClientProtocol.GRPC, "c1")
+    assert [(c.protocol, c.client_type) for c in reg.clients()] == [(ClientProtocol.HTTP, "")]
