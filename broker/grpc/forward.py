@@ -2,12 +2,16 @@
 
 Clients keep a route for up to 30 s (the Python client refreshes it on a schedule, not on
 errors), so after a failover or a leadership transfer they still call the old master, now a
-slave. Rather than failing those calls until the next refresh, a slave passes them to its
-master — the one the log names (`BrokerState.master_grpc_addr`) — with the client's metadata
-(its signature verifies there too) and answers with the master's reply. While no master is known
-(an election, ~1-1.5 s) it waits for one, within the call's deadline. A forwarded call is
-marked and never forwarded twice: a member that is no master either answers NOT_MASTER. Where
-the master is: the name servers' word (`RouteResolver.master_grpc_addr`).
+slave; and routes name some queues at slaves on purpose (`route.spread`), so a send that failed
+at a dead master is retried at a member that survived. A slave passes such calls to its master
+with the client's metadata (its signature verifies there too) and answers with the master's
+reply. Where the master is: the log's word, else the name servers' (`RouteResolver.
+master_grpc_addr`). While no master is known, or the one known does not answer (a SIGKILLed
+master, ~1-1.5 s until the next is elected) or answers that it is no master (yet), the slave
+asks again until one takes the call, within the call's deadline and MASTER_WAIT_S: each failure
+the client sees costs it one of its few send attempts. Only calls that got no answer are tried
+again (a send again is safe anyway: its message id is its idempotency key). A forwarded call is
+marked and never forwarded twice: a member that is no master either answers NOT_MASTER.
 """
 
 from __future__ import annotations
@@ -21,25 +25,30 @@ from typing import Any
 import grpc
 
 from broker.errors import BrokerCode, BrokerError
-from broker.grpc.protocol import spb_grpc
+from broker.grpc.protocol import Code, spb_grpc
 
 log = logging.getLogger(__name__)
 
 FORWARDED = "x-ledgermq-forwarded"
-# How long a slave waits for a master to be known before it answers NOT_MASTER.
+# How long a slave waits for a master that takes the call before it answers NOT_MASTER.
 MASTER_WAIT_S = 3.0
 MASTER_POLL_S = 0.05
 _DEFAULT_TIMEOUT_S = 10.0
+# Answers that mean "the member you reached is not the master (yet)": ask again.
+_NOT_MASTER_CODES = frozenset({Code.HA_NOT_AVAILABLE})
 
 
 class Forwarder:
     """One channel per master address. Callers: the servicer's master-only RPCs."""
 
-    def __init__(self, state: Any, master_grpc_addr: Callable[[], Awaitable[str | None]]) -> None:
+    def __init__(
+        self, state: Any, master_grpc_addr: Callable[[frozenset[str]], Awaitable[str | None]]
+    ) -> None:
         self.state = state  # broker.service.BrokerState
         self._master_grpc_addr = master_grpc_addr
         self._channels: dict[str, tuple[grpc.aio.Channel, Any]] = {}
         self.forwarded = 0
+        self.retried = 0
 
     def must_forward(self, meta: dict[str, str]) -> bool:
         """True when this call has to go to the master (we are not it). A call forwarded to us
@@ -50,20 +59,24 @@ class Forwarder:
             self.state.require_master()  # raises NOT_MASTER naming the master we know
         return True
 
-    async def _master(self, context: Any) -> str:
-        deadline = time.monotonic() + min(MASTER_WAIT_S, _remaining(context))
+    async def _master(self, deadline: float, failed: set[str]) -> str | None:
+        """A master endpoint not in `failed`, waiting for one until `deadline` (None: none came)."""
         while True:
-            addr = await self._master_grpc_addr()
+            addr = await self._master_grpc_addr(frozenset(failed))
             if addr is not None or time.monotonic() >= deadline:
-                break
+                return addr
             await asyncio.sleep(MASTER_POLL_S)
-        if addr is None:
-            raise BrokerError(
-                BrokerCode.NOT_MASTER,
-                f"broker {self.state.config.broker_name}: no master with a gRPC endpoint is known right "
-                "now (an election is in progress); retry",
-            )
-        return addr
+
+    def _deadline(self, context: Any) -> float:
+        return time.monotonic() + min(MASTER_WAIT_S, _remaining(context))
+
+    def _no_master(self, failed: set[str]) -> BrokerError:
+        tried = f" ({', '.join(sorted(failed))} did not take it)" if failed else ""
+        return BrokerError(
+            BrokerCode.NOT_MASTER,
+            f"broker {self.state.config.broker_name}: no master took the call within "
+            f"{MASTER_WAIT_S:.0f}s{tried}; an election is in progress, retry",
+        )
 
     def _stub(self, addr: str) -> Any:
         entry = self._channels.get(addr)
@@ -80,29 +93,69 @@ class Forwarder:
 
     async def unary(self, method: str, request: Any, context: Any) -> Any:
         """The master's answer to a unary call."""
-        addr = await self._master(context)
-        self.forwarded += 1
-        try:
-            return await getattr(self._stub(addr), method)(
-                request, metadata=self._metadata(context), timeout=_remaining(context)
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise _unreachable(addr, exc) from None
+        deadline, failed = self._deadline(context), set[str]()
+        answer = None
+        while True:
+            addr = await self._master(deadline, failed)
+            if addr is None:
+                if answer is not None:
+                    return answer  # the last member's own NOT_MASTER answer
+                raise self._no_master(failed)
+            self.forwarded += 1
+            try:
+                answer = await getattr(self._stub(addr), method)(
+                    request, metadata=self._metadata(context), timeout=_remaining(context)
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise _unreachable(addr, exc) from None
+                log.info("event=grpc_forward_retry master=%s code=%s", addr, exc.code().name)
+                failed.add(addr)  # gone: ask for another
+            else:
+                if answer.status.code not in _NOT_MASTER_CODES:
+                    return answer
+                await asyncio.sleep(MASTER_POLL_S)  # not master yet (catching up): ask again
+            self.retried += 1
+            if time.monotonic() >= deadline:
+                if answer is not None:
+                    return answer
+                raise self._no_master(failed)
 
     async def stream(self, method: str, request: Any, context: Any) -> AsyncIterator[Any]:
-        """The master's answers to a server-streaming call."""
-        addr = await self._master(context)
-        self.forwarded += 1
-        call = getattr(self._stub(addr), method)(
-            request, metadata=self._metadata(context), timeout=_remaining(context)
-        )
-        try:
-            async for item in call:
-                yield item
-        except grpc.aio.AioRpcError as exc:
-            raise _unreachable(addr, exc) from None
-        finally:
-            call.cancel()
+        """The master's answers to a server-streaming call (tried again only while nothing has
+        come back)."""
+        deadline, failed = self._deadline(context), set[str]()
+        while True:
+            addr = await self._master(deadline, failed)
+            if addr is None:
+                raise self._no_master(failed)
+            self.forwarded += 1
+            call = getattr(self._stub(addr), method)(
+                request, metadata=self._metadata(context), timeout=_remaining(context)
+            )
+            answered = gone = False
+            try:
+                async for item in call:
+                    if not answered and item.status.code in _NOT_MASTER_CODES and time.monotonic() < deadline:
+                        break  # that member is no master (yet): ask again
+                    answered = True
+                    yield item
+                else:
+                    return
+            except grpc.aio.AioRpcError as exc:
+                if answered or exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+                    raise _unreachable(addr, exc) from None
+                log.info("event=grpc_forward_retry master=%s code=%s", addr, exc.code().name)
+                gone = True
+            finally:
+                call.cancel()
+            if answered:
+                return
+            if gone:
+                failed.add(addr)
+            else:
+                await asyncio.sleep(MASTER_POLL_S)
+            self.retried += 1
 
     async def close(self) -> None:
         for channel, _ in self._channels.values():

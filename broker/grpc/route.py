@@ -1,16 +1,25 @@
 """Routes for RocketMQ 5 clients: QueryRoute and QueryAssignment answers.
 
 Any member's endpoint is an access point. A topic's route lists its queues on every broker set
-that holds it, each set named by its brokerName and reached at its MASTER's gRPC endpoint — one
-address per broker (the Node.js client cannot take several; Python picks one of several by
-sorting). Where the sets and masters are comes from the name servers: each member registers its
-gRPC address, `GET /routes/{topic}` names each set's master's (`masterGrpcAddr`); a master knows
-it is one without asking. A set whose master is not known right now (mid-election) is named at
-the access point itself, which forwards to the master once there is one.
+that holds it, each set named by its brokerName, `broker.id` 0 and one address per queue entry
+(the Node.js client cannot take several; Python picks one of several by sorting). Where the sets
+and masters are comes from the name servers: each member registers its gRPC address,
+`GET /routes/{topic}` names each set's master's (`masterGrpcAddr`) and every member's
+(`grpcAddrs`); a master knows it is one without asking.
+
+Why a set's queues are not all at its master: the clients keep a route for up to 30 s (Python
+refreshes it on a schedule, never after an error), so once a master dies every send to it fails
+until then. A producer retries a failed send at once on the NEXT queue of its cached route
+(Python: round robin, `max_attempts` from our Settings). So every `PRODUCER_MAX_ATTEMPTS`-th
+queue entry names one of the set's other live members instead (`spread`): a send that fails on
+the dead master is retried there within its own attempts, and that member forwards it to the new
+master (`forward.py`) — sends work again about an election after the kill. The price in the
+common case: a quarter of the calls take one extra local hop through a slave.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -20,6 +29,7 @@ import httpx
 
 from broker.errors import BrokerCode, BrokerError
 from broker.grpc.protocol import pb
+from broker.grpc.settings import PRODUCER_MAX_ATTEMPTS
 from broker.topics import PERM_READ, PERM_WRITE
 
 log = logging.getLogger(__name__)
@@ -28,6 +38,8 @@ NAMESRV_TIMEOUT_S = 2.0
 # How long a slave trusts the name server's word on where its master's gRPC endpoint is. A new
 # master re-registers at once (role-change kick), so this bounds how stale a forward can be.
 MASTER_CACHE_S = 1.0
+# ... and while a forwarded call waits for a master other than the one that just failed.
+RETRY_CACHE_S = 0.2
 # Message types a topic accepts until topics carry RocketMQ 5's `message.type` attribute.
 ACCEPT_TYPES = (pb.NORMAL,)
 
@@ -41,6 +53,22 @@ class BrokerRoute:
     read_queue_nums: int
     write_queue_nums: int
     perm: int
+    # The endpoints of the set's other live members (its slaves), where some queues are named.
+    member_addrs: tuple[str, ...] = ()
+
+
+def spread(n: int, master: str, others: tuple[str, ...], attempts: int = PRODUCER_MAX_ATTEMPTS) -> list[str]:
+    """The endpoint of each of a set's `n` queue entries: the master's, except evenly spaced
+    entries naming the other members in turn, so that going round the entries (cyclically) no
+    run of master entries is longer than `attempts - 1`: a send that fails at the master reaches
+    another member within its attempts. A single entry, or no other member: all at the master."""
+    out = [master] * n
+    if n < 2 or not others:
+        return out
+    slots = -(-n // attempts)  # ceil: fewest entries that break every run of `attempts`
+    for k in range(slots):
+        out[(k + 1) * n // slots - 1] = others[k % len(others)]
+    return out
 
 
 def endpoints(addr: str) -> pb.Endpoints:
@@ -71,14 +99,18 @@ def message_queues(topic: pb.Resource, routes: list[BrokerRoute]) -> list[pb.Mes
     splits read and write queues."""
     out = []
     for r in routes:
-        broker = pb.Broker(name=r.broker_name, id=0, endpoints=endpoints(r.grpc_addr))
-        for qid in range(max(r.read_queue_nums, r.write_queue_nums)):
+        n = max(r.read_queue_nums, r.write_queue_nums)
+        brokers = {
+            addr: pb.Broker(name=r.broker_name, id=0, endpoints=endpoints(addr))
+            for addr in (r.grpc_addr, *r.member_addrs)
+        }
+        for qid, addr in enumerate(spread(n, r.grpc_addr, r.member_addrs)):
             out.append(
                 pb.MessageQueue(
                     topic=topic,
                     id=qid,
                     permission=_permission(r.perm, qid < r.read_queue_nums, qid < r.write_queue_nums),
-                    broker=broker,
+                    broker=brokers[addr],
                     accept_message_types=ACCEPT_TYPES,
                 )
             )
@@ -87,7 +119,8 @@ def message_queues(topic: pb.Resource, routes: list[BrokerRoute]) -> list[pb.Mes
 
 def assignments(topic: pb.Resource, routes: list[BrokerRoute]) -> list[pb.Assignment]:
     """QueryAssignment: one assignment per readable set, queue id -1 (the broker receives across
-    all its queues, as RocketMQ's proxy does for non-FIFO groups)."""
+    all its queues, as RocketMQ's proxy does for non-FIFO groups), at the master: a push consumer
+    asks again every 5 s, so after a failover it moves to the new master by itself."""
     return [
         pb.Assignment(
             message_queue=pb.MessageQueue(
@@ -104,7 +137,8 @@ def assignments(topic: pb.Resource, routes: list[BrokerRoute]) -> list[pb.Assign
 
 
 class RouteResolver:
-    """A topic's broker sets and their masters' gRPC endpoints. Caller: the servicer."""
+    """A topic's broker sets, their masters' and members' gRPC endpoints. Callers: the servicer
+    (routes), the forwarder (where this set's master is)."""
 
     def __init__(self, state: Any, self_addr: str) -> None:
         self.state = state  # broker.service.BrokerState
@@ -112,7 +146,9 @@ class RouteResolver:
         cfg = state.config
         self.namesrv_urls = [a if a.startswith("http") else f"http://{a}" for a in cfg.namesrv_addr_list]
         self._client: httpx.AsyncClient | None = None
-        self._master: tuple[float, str | None] = (0.0, None)  # (when looked up, address)
+        # Our set's entry in the name servers' /cluster, and when it was looked up.
+        self._my_set: tuple[float, dict[str, Any]] = (float("-inf"), {})
+        self._lookup = asyncio.Lock()
 
     async def close(self) -> None:
         if self._client is not None:
@@ -129,44 +165,74 @@ class RouteResolver:
             routes[local.broker_name] = local  # our own set: our role state is the freshest
         if not routes and cfg.auto_create_topic_enable:
             n = cfg.default_topic_queue_nums
+            master, others = await self._members()
             routes[cfg.broker_name] = BrokerRoute(
-                cfg.broker_name, await self._master_or_self(), n, n, PERM_READ | PERM_WRITE
+                cfg.broker_name, master, n, n, PERM_READ | PERM_WRITE, others
             )
         if not routes:
             raise BrokerError(BrokerCode.TOPIC_NOT_EXIST, f"no route for topic {topic!r}", topic=topic)
         return sorted(routes.values(), key=lambda r: r.broker_name)
 
-    async def master_grpc_addr(self) -> str | None:
-        """The gRPC endpoint of this broker set's master: ours when we are it, else what the name
-        servers last said (looked up at most every MASTER_CACHE_S); None while unknown."""
+    async def master_grpc_addr(self, exclude: frozenset[str] = frozenset()) -> str | None:
+        """The gRPC endpoint of this broker set's master: ours when we are it; else the member the
+        log names master (its HTTP address, mapped through the name servers' member list), else
+        the name servers' `masterGrpcAddr` — skipping `exclude` (endpoints that just failed) and
+        ourselves. None while unknown. The name servers are asked at most every MASTER_CACHE_S,
+        every RETRY_CACHE_S while a caller waits out a failed master."""
         if self.state.is_master():
             return self.self_addr
-        looked_up, addr = self._master
-        now = time.monotonic()
-        if now - looked_up < MASTER_CACHE_S:
-            return addr
-        addr = None
-        doc = await self._namesrv_get("/cluster")
-        if doc is not None:
-            mine = (doc.get("brokers") or {}).get(self.state.config.broker_name) or {}
-            found = mine.get("masterGrpcAddr")
-            addr = found if isinstance(found, str) and found != self.self_addr else None
-        self._master = (now, addr)
-        return addr
+        mine = await self._cluster_entry(RETRY_CACHE_S if exclude else MASTER_CACHE_S)
+        by_http = {m.get("addr"): m.get("grpcAddr") for m in mine.get("members") or ()}
+        for addr in (by_http.get(self.state.master_addr()), mine.get("masterGrpcAddr")):
+            if isinstance(addr, str) and addr and addr != self.self_addr and addr not in exclude:
+                return addr
+        return None
 
-    async def _master_or_self(self) -> str:
-        return await self.master_grpc_addr() or self.self_addr
+    async def _members(self) -> tuple[str, tuple[str, ...]]:
+        """This set's master endpoint (ours while none is known) and its other live members'."""
+        master = await self.master_grpc_addr() or self.self_addr
+        mine = await self._cluster_entry(MASTER_CACHE_S)
+        grpc_addrs = mine.get("grpcAddrs") or {}
+        live = self.state.live_slave_ids()  # known on the master only
+        others = {
+            addr
+            for broker_id, addr in grpc_addrs.items()
+            if isinstance(addr, str)
+            and addr
+            and broker_id != "0"
+            and (live is None or (broker_id.isdigit() and int(broker_id) in live))
+        }
+        if not self.state.is_master():
+            others.add(self.self_addr)
+        others.discard(master)
+        return master, tuple(sorted(others))
+
+    async def _cluster_entry(self, max_age_s: float) -> dict[str, Any]:
+        """Our set's entry in the name servers' `GET /cluster` (at most `max_age_s` old; one
+        lookup at a time, the others wait for it)."""
+        if time.monotonic() - self._my_set[0] < max_age_s:
+            return self._my_set[1]
+        async with self._lookup:
+            now = time.monotonic()
+            if now - self._my_set[0] < max_age_s:
+                return self._my_set[1]
+            doc = await self._namesrv_get("/cluster")
+            mine = ((doc or {}).get("brokers") or {}).get(self.state.config.broker_name) or {}
+            self._my_set = (now, mine if isinstance(mine, dict) else {})
+            return self._my_set[1]
 
     async def _local(self, topic: str) -> BrokerRoute | None:
         tc = self.state.store.topics.get(topic)
         if tc is None:
             return None
+        master, others = await self._members()
         return BrokerRoute(
             self.state.config.broker_name,
-            await self._master_or_self(),
+            master,
             tc.read_queue_nums,
             tc.write_queue_nums,
             tc.perm,
+            others,
         )
 
     async def _from_namesrv(self, topic: str) -> list[BrokerRoute]:
@@ -200,10 +266,11 @@ class RouteResolver:
         return None
 
     def _broker_route(self, b: dict[str, Any]) -> BrokerRoute | None:
+        members = sorted({str(a) for i, a in (b.get("grpcAddrs") or {}).items() if a and str(i) != "0"})
         grpc_addr = b.get("masterGrpcAddr") or None
         if grpc_addr is None:
             # No master right now: any live member's endpoint forwards to the next one.
-            grpc_addr = next(iter(sorted((b.get("grpcAddrs") or {}).items())), (None, None))[1]
+            grpc_addr = next(iter(members), None)
         if grpc_addr is None:
             return None  # a set without gRPC endpoints
         try:
@@ -213,6 +280,7 @@ class RouteResolver:
                 int(b["readQueueNums"]),
                 int(b["writeQueueNums"]),
                 int(b["perm"]),
+                tuple(a for a in members if a != grpc_addr),
             )
         except (KeyError, TypeError, ValueError):
             log.warning("event=grpc_route_bad_broker broker=%r", b)

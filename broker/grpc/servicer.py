@@ -413,9 +413,21 @@ def _check_filter(expr: Any) -> None:
 
 
 def _poll_ms(request: Any, context: Any) -> int:
-    """The long poll: the client's `long_polling_timeout`, ended before its deadline."""
+    """The long poll: the client's `long_polling_timeout`, ended before its deadline.
+    ILLEGAL_POLLING_TIME, as RocketMQ's proxy answers, for a negative one or one the call's
+    deadline leaves no time for (an answer after the client gave up would hold messages
+    invisible that nobody got)."""
     wait_ms = duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else 0
+    if wait_ms < 0:
+        raise invalid("longPollingTimeout", f"long_polling_timeout must not be negative, got {wait_ms} ms")
     remaining = context.time_remaining()
-    if remaining is not None:
-        wait_ms = min(wait_ms, int(remaining * 1000) - POLL_DEADLINE_MARGIN_MS)
-    return max(0, wait_ms)
+    if remaining is None or wait_ms == 0:
+        return wait_ms
+    room = int(remaining * 1000) - POLL_DEADLINE_MARGIN_MS
+    if room <= 0:
+        raise invalid(
+            "longPollingTimeout",
+            f"the call's deadline ({remaining * 1000:.0f} ms left) leaves no time for a long poll of "
+            f"{wait_ms} ms: give the call at least {POLL_DEADLINE_MARGIN_MS} ms more than the poll",
+        )
+    return min(wait_ms, room)

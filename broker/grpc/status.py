@@ -68,6 +68,8 @@ _FIELD_CODES = {
     "properties": Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
     "group": Code.ILLEGAL_CONSUMER_GROUP,
     "messageId": Code.ILLEGAL_MESSAGE_ID,
+    "longPollingTimeout": Code.ILLEGAL_POLLING_TIME,
+    "waitMs": Code.ILLEGAL_POLLING_TIME,
 }
 
 OK = Status(code=Code.OK, message="OK")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from broker.config import BrokerConfig
 from broker.controller import BrokerController
 from broker.errors import BrokerCode, BrokerError
+from broker.role import slave_broker_id
 from broker.store.message_store import DefaultMessageStore
 from dledger.codes import DLedgerException
 
@@ -53,6 +54,21 @@ class BrokerState:
         if self.is_master():
             return self.config.broker_addr
         return self.controller.master_addr or None
+
+    def live_slave_ids(self) -> set[int] | None:
+        """brokerIds of the slaves that answered this master within an election timeout (a DLedger
+        master's view; None elsewhere: not known here). Routes leave out members that are gone."""
+        server = self.dledger
+        if server is None or not self.is_master():
+            return None
+        elector = server.elector
+        now = elector.clock()
+        peers = list(server.member_state.peer_map)
+        return {
+            slave_broker_id(sid, peers)
+            for sid, at in elector.peer_last_ack.items()
+            if now - at < elector.election_timeout_s
+        }
 
     def term(self) -> int:
         """The DLedger term (0 in local mode)."""

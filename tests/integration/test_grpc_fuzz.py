@@ -169,6 +169,30 @@ def test_receive_message_always_answers_a_status(
         )
 
 
+@pytest.mark.parametrize(
+    ("poll", "deadline_s"),
+    [
+        (Duration(seconds=20), 0.5),  # the deadline leaves no time for the poll
+        (Duration(seconds=-1), 10.0),  # a negative poll
+    ],
+)
+def test_a_long_poll_the_call_cannot_hold_is_illegal_polling_time(endpoint, poll, deadline_s) -> None:
+    """As RocketMQ's proxy: ILLEGAL_POLLING_TIME, not a poll answered after the client gave up
+    (the messages it took would stay invisible with nobody holding them)."""
+    _, stub, _ = endpoint
+    req = spb.ReceiveMessageRequest(
+        group=pb.Resource(name=GROUP),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=TOPIC)),
+        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+        batch_size=1,
+        invisible_duration=duration(30_000),
+        long_polling_timeout=poll,
+    )
+    replies = list(stub.ReceiveMessage(req, metadata=META, timeout=deadline_s))
+    assert [r.WhichOneof("content") for r in replies] == ["status"]
+    assert replies[0].status.code == Code.ILLEGAL_POLLING_TIME, replies[0].status
+
+
 @FUZZ
 @given(handles=st.lists(st.text(max_size=200), max_size=4), topic=names, group=names, invisible=durations)
 def test_settling_bad_handles_is_refused_and_changes_nothing(

@@ -10,7 +10,8 @@ import pytest
 from broker.errors import BrokerCode, BrokerError
 from broker.grpc.convert import from_message, timestamp, to_message
 from broker.grpc.protocol import pb
-from broker.grpc.route import BrokerRoute, assignments, endpoints, message_queues
+from broker.grpc.route import BrokerRoute, assignments, endpoints, message_queues, spread
+from broker.grpc.settings import PRODUCER_MAX_ATTEMPTS
 from broker.message import PROPERTY_UNIQ_KEY, MessageExt
 
 MID = "0102FC000000016BC50B17DF6100000004"
@@ -123,4 +124,66 @@ def test_route_one_address_per_broker_and_split_permissions() -> None:
     assert [a.message_queue.broker.name for a in assignments(pb.Resource(name="t"), routes)] == [
         "broker-a",
         "broker-b",
+    ]
+
+
+def _longest_cyclic_run(entries: list[str], value: str) -> int:
+    """The longest run of `value` going round `entries` (as a client's round robin does)."""
+    if all(e == value for e in entries):
+        return len(entries)
+    doubled = entries + entries
+    best = run = 0
+    for e in doubled:
+        run = run + 1 if e == value else 0
+        best = max(best, run)
+    return best
+
+
+@pytest.mark.parametrize("others", [("s1",), ("s1", "s2")])
+@pytest.mark.parametrize("n", range(1, 33))
+def test_spread_puts_another_member_within_every_run_of_send_attempts(
+    n: int, others: tuple[str, ...]
+) -> None:
+    """A send that fails at the master is retried on the next entries: among any
+    PRODUCER_MAX_ATTEMPTS consecutive entries (cyclically) one names another member — and no more
+    entries than that do, so most calls go straight to the master."""
+    entries = spread(n, "m", others)
+    assert len(entries) == n
+    if n == 1:
+        assert entries == ["m"]  # one queue: nothing to spread over
+        return
+    assert _longest_cyclic_run(entries, "m") <= PRODUCER_MAX_ATTEMPTS - 1
+    assert sum(e != "m" for e in entries) == -(-n // PRODUCER_MAX_ATTEMPTS)
+    assert {e for e in entries if e != "m"} <= set(others)
+    if n >= 2 * PRODUCER_MAX_ATTEMPTS:
+        assert {e for e in entries if e != "m"} == set(others)  # the slaves share the load
+
+
+def test_spread_without_other_members_names_the_master_only() -> None:
+    assert spread(8, "m", ()) == ["m"] * 8
+
+
+def test_route_spreads_each_sets_queues_over_its_members() -> None:
+    routes = [
+        BrokerRoute("broker-a", "10.0.0.1:8081", 4, 4, 6, ("10.0.0.2:8081", "10.0.0.3:8081")),
+        BrokerRoute("broker-b", "10.0.1.1:8081", 2, 2, 6),
+    ]
+    queues = message_queues(pb.Resource(name="t"), routes)
+    got = [(q.broker.name, q.id, q.broker.endpoints.addresses[0].host) for q in queues]
+    assert got == [
+        ("broker-a", 0, "10.0.0.1"),
+        ("broker-a", 1, "10.0.0.1"),
+        ("broker-a", 2, "10.0.0.1"),
+        ("broker-a", 3, "10.0.0.2"),
+        ("broker-b", 0, "10.0.1.1"),
+        ("broker-b", 1, "10.0.1.1"),
+    ]
+    # Every entry stays a master queue of its set (broker id 0, one address): the clients send to it.
+    assert all(q.broker.id == 0 and len(q.broker.endpoints.addresses) == 1 for q in queues)
+    # Push consumers are assigned each set at its master.
+    assert [
+        a.message_queue.broker.endpoints.addresses[0].host for a in assignments(pb.Resource(name="t"), routes)
+    ] == [
+        "10.0.0.1",
+        "10.0.1.1",
     ]

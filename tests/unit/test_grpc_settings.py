@@ -8,7 +8,7 @@ import pytest
 from broker.errors import BrokerError
 from broker.grpc.convert import duration
 from broker.grpc.protocol import pb
-from broker.grpc.settings import identity, settings_reply
+from broker.grpc.settings import PRODUCER_MAX_ATTEMPTS, identity, settings_reply
 from broker.service.clients import ClientProtocol, ClientRegistry
 
 
@@ -24,7 +24,10 @@ def test_producer_gets_max_body_size_and_exponential_backoff() -> None:
     assert out.publishing.validate_message_type
     assert [t.name for t in out.publishing.topics] == ["t"]
     assert out.backoff_policy.WhichOneof("strategy") == "exponential_backoff"
-    assert out.backoff_policy.max_attempts == 3 and out.backoff_policy.exponential_backoff.multiplier == 2
+    assert (
+        out.backoff_policy.max_attempts == PRODUCER_MAX_ATTEMPTS == 4
+        and out.backoff_policy.exponential_backoff.multiplier == 2
+    )
     assert out.HasField("metric") and not out.metric.on
 
 

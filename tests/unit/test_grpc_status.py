@@ -34,6 +34,8 @@ def test_every_broker_code_has_a_nonzero_grpc_code() -> None:
             Code.ILLEGAL_MESSAGE_ID,
         ),
         (BrokerError(BrokerCode.INVALID_REQUEST, "x", field="messages[1].body"), Code.BAD_REQUEST),
+        (BrokerError(BrokerCode.INVALID_REQUEST, "x", field="longPollingTimeout"), Code.ILLEGAL_POLLING_TIME),
+        (BrokerError(BrokerCode.INVALID_REQUEST, "x", field="waitMs"), Code.ILLEGAL_POLLING_TIME),
         (BrokerError(BrokerCode.INVALID_REQUEST, "x"), Code.BAD_REQUEST),
         (BrokerError(BrokerCode.TOPIC_NOT_EXIST, "x"), Code.TOPIC_NOT_FOUND),
         (BrokerError(BrokerCode.MESSAGE_TOO_LARGE, "x"), Code.MESSAGE_BODY_TOO_LARGE),
