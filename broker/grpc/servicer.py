@@ -24,7 +24,7 @@ from prometheus_client import Counter, Histogram
 
 from broker.errors import BrokerCode, BrokerError, from_dledger, invalid
 from broker.grpc import auth
-from broker.grpc.batching import AckBatcher
+from broker.grpc.batching import AckBatcher, SendBatcher
 from broker.grpc.convert import duration_ms, from_message, timestamp, to_message
 from broker.grpc.forward import Forwarder
 from broker.grpc.protocol import Code, pb, spb, spb_grpc
@@ -119,6 +119,7 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
         self.forwarder = forwarder
         self.metrics = metrics
         self.acks = AckBatcher(services.pop, renewer.current)
+        self.sends = SendBatcher(services.produce)
         # client id -> what its last Settings said (re-reported to the registry on each heartbeat)
         self._identities: OrderedDict[str, tuple[list[tuple[str, str]], str, str, str]] = OrderedDict()
 
@@ -244,7 +245,7 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
                 raise invalid(f"{where}.topic", "the messages of one request go to one topic")
             _check_normal(m, where)
             msgs.append(to_message(m, where, produce.max_message_size, peer))
-        results = await produce.produce(account, topic, msgs, [None] * len(msgs))
+        results = await self.sends.send(account, topic, msgs)
         entries = []
         for m, r in zip(msgs, results, strict=True):
             mid = m.idempotency_key or r.msg_id
