@@ -38,7 +38,7 @@ from array import array
 
 log = logging.getLogger(__name__)
 
-_PAIR = 16  # bytes per (due, offset) entry
+_SPILL_BUFFER_ENTRIES = 32_768  # timers bound for spilled buckets held before a write (512 KB)
 
 
 class TimerIndex:
@@ -62,6 +62,7 @@ class TimerIndex:
         self._resident = 0  # entries in resident far buckets
         self._spilled: dict[int, int] = {}  # bucket id -> entries on disk (plus _spill_buf)
         self._spill_buf: dict[int, array] = {}
+        self._buffered = 0  # entries in _spill_buf
         self._spilled_min: dict[int, int] = {}  # bucket id -> lowest offset spilled
         self._slots: dict[int, array] = {}  # near
         self._slot_ids: list[int] = []
@@ -264,9 +265,12 @@ class TimerIndex:
             buf.append(offset)
             self._spilled[bid] += 1
             self._spilled_min[bid] = min(self._spilled_min[bid], offset)
-            if len(buf) >= 8192:
-                self._write_spill(bid, buf)
-                del self._spill_buf[bid]
+            self._buffered += 1
+            if self._buffered >= _SPILL_BUFFER_ENTRIES:  # one bounded buffer for all spilled buckets
+                for b, pending in self._spill_buf.items():
+                    self._write_spill(b, pending)
+                self._spill_buf.clear()
+                self._buffered = 0
             return
         arr = self._buckets.get(bid)
         if arr is None:
@@ -315,6 +319,9 @@ class TimerIndex:
             with open(path, "rb") as f:
                 arr.frombytes(f.read())
             os.unlink(path)
-            arr.extend(self._spill_buf.pop(bid, array("q")))
+            buffered = self._spill_buf.pop(bid, None)
+            if buffered is not None:
+                arr.extend(buffered)
+                self._buffered -= len(buffered) // 2
             self._spilled_min.pop(bid, None)
         return arr

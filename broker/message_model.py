@@ -1,0 +1,126 @@
+"""`MessageModel`: the produce-time rules of RocketMQ's message types, and the services behind them.
+
+`route` decides, for each admitted message of a produce, where it is stored — in one place for
+every front-end (HTTP now, gRPC's SendMessage the same way):
+
+- the message's type (`broker.message_type`) must be its topic's `message.type`
+  (MESSAGE_TYPE_MISMATCH), and a message has one type: delay, transaction and message group do
+  not combine (MESSAGE_ILLEGAL, as RocketMQ's clients refuse them);
+- FIFO: the queue of its message group (`broker.fifo.queue_of_group`), whatever queue was asked;
+- DELAY: the timer queue until due (`TimerService`), or the topic at once if its time has passed;
+- TRANSACTION: the half topic until committed (`TransactionService`);
+- NORMAL: the topic, in the queue asked (or the store's round robin).
+
+The send answer of a delayed message names when it is due and a recall handle; of a
+transactional one, its transaction id. Its queue offset is -1: it has no place in its topic yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from broker.errors import BrokerCode, BrokerError
+from broker.fifo import PROPERTY_SHARDING_KEY, message_group_problem, queue_of_group
+from broker.message import PROPERTY_UNIQ_KEY, Message
+from broker.message_type import TopicMessageType, check_message_type, message_type_of, topic_message_type
+from broker.store.offsets import PutResult
+from broker.subscription import SubscriptionGroupManager
+from broker.timer.service import TIMER_TOPIC, TimerService
+from broker.transaction.service import HALF_TOPIC, TransactionService
+
+
+class SendResult(NamedTuple):
+    """A `PutResult` (same first fields) plus what a typed message's sender needs."""
+
+    msg_id: str
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    store_size: int
+    deliver_at_ms: int | None = None
+    recall_handle: str | None = None
+    transaction_id: str | None = None
+
+
+@dataclass(slots=True)
+class Routed:
+    """Where one message of a produce goes."""
+
+    topic: str
+    queue_id: int | None
+    message: Message
+    system: bool = False  # a broker topic (timer queue, half topic): stored with the system path
+    real_queue_id: int | None = None
+    deliver_at_ms: int | None = None
+    transaction: bool = False
+
+
+class MessageModel:
+    """The message-model services of one broker. Callers: the produce service (`route`,
+    `result`), the pop service (`subscriptions`), the front-ends (timers.recall, transactions)."""
+
+    def __init__(self, timers: TimerService, transactions: TransactionService,
+                 subscriptions: SubscriptionGroupManager) -> None:
+        self.timers = timers
+        self.transactions = transactions
+        self.subscriptions = subscriptions
+
+    def route(self, cfg: Any, topic: str, msgs: Sequence[Message], queue_ids: Sequence[int | None],
+              now_ms: int) -> list[Routed]:
+        """Where each of `msgs` (bound for `topic`, config `cfg`) is stored. BrokerError naming
+        the message (`messages[i]`) when one breaks a rule; nothing is routed then."""
+        topic_type = topic_message_type(getattr(cfg, "attributes", None))
+        out: list[Routed] = []
+        for i, (msg, qid) in enumerate(zip(msgs, queue_ids, strict=True)):
+            where = f"messages[{i}]"
+            props = msg.properties
+            kind = message_type_of(props)
+            _check_single_type(props, kind, where)
+            check_message_type(topic, topic_type, kind, where)
+            if kind is TopicMessageType.FIFO:
+                group = props[PROPERTY_SHARDING_KEY]
+                problem = message_group_problem(group)
+                if problem:
+                    raise BrokerError(BrokerCode.ILLEGAL_MESSAGE_GROUP, problem,
+                                      field=f"{where}.messageGroup")
+                out.append(Routed(topic, queue_of_group(group, cfg.write_queue_nums), msg))
+            elif kind is TopicMessageType.DELAY:
+                due = self.timers.due_ms(props, now_ms, where)
+                if due is None:
+                    out.append(Routed(topic, qid, msg))
+                else:
+                    out.append(Routed(TIMER_TOPIC, 0, self.timers.timer_message(msg, topic, qid, due), True,
+                                      qid, deliver_at_ms=due))
+            elif kind is TopicMessageType.TRANSACTION:
+                half = self.transactions.half_message(msg, topic, qid, where)
+                out.append(Routed(HALF_TOPIC, 0, half, True, qid, transaction=True))
+            else:
+                out.append(Routed(topic, qid, msg))
+        return out
+
+    def result(self, topic: str, routed: Routed, put: PutResult) -> PutResult | SendResult:
+        """The send answer of one routed message."""
+        if not routed.system:
+            return put
+        qid = -1 if routed.real_queue_id is None else routed.real_queue_id
+        uniq = routed.message.properties[PROPERTY_UNIQ_KEY]
+        if routed.deliver_at_ms is not None:
+            handle = self.timers.recall_handle(topic, put.queue_offset, routed.deliver_at_ms, uniq)
+            return SendResult(put.msg_id, qid, -1, put.commit_log_offset, put.store_size,
+                              deliver_at_ms=routed.deliver_at_ms, recall_handle=handle)
+        return SendResult(put.msg_id, qid, -1, put.commit_log_offset, put.store_size, transaction_id=uniq)
+
+
+def _check_single_type(props: dict[str, str], kind: TopicMessageType, where: str) -> None:
+    """One message, one type: a delayed or transactional message cannot also be grouped, nor a
+    transactional one delayed (RocketMQ's clients refuse these combinations)."""
+    if kind is TopicMessageType.TRANSACTION and (message_type_of({k: v for k, v in props.items()
+                                                                  if k != "TRAN_MSG"})
+                                                 is not TopicMessageType.NORMAL):
+        raise BrokerError(BrokerCode.MESSAGE_ILLEGAL, "a transactional message cannot be delayed or have "
+                          "a message group", field=where)
+    if kind is TopicMessageType.DELAY and PROPERTY_SHARDING_KEY in props:
+        raise BrokerError(BrokerCode.MESSAGE_ILLEGAL, "a delayed message cannot have a message group",
+                          field=where)
