@@ -1,7 +1,9 @@
 """Consumer-group settings (RocketMQ's `SubscriptionGroupConfig`), replicated through the log.
 
 Per group: `retryMaxTimes` (deliveries after the first before the DLQ; default the broker's
-`maxReconsumeTimes`, 16), the redelivery backoff `retryPolicy` (`broker.retry_policy`), and
+`maxReconsumeTimes`, 16), the redelivery backoff `retryPolicy` (`broker.retry_policy`: RocketMQ 5's
+CUSTOMIZED or EXPONENTIAL, with its defaults; none set = a nacked message comes back at once, as
+LedgerMQ's nack always did, where RocketMQ applies CUSTOMIZED to every group), and
 `consumeMessageOrderly` — true: the group consumes in order (a message group's next message only
 after the previous one is settled); false: concurrently; absent: in order on FIFO topics only.
 RocketMQ requires an orderly group for FIFO consumption; defaulting to the topic's type spares an
@@ -21,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from broker.errors import BrokerCode, BrokerError
-from broker.retry_policy import DEFAULT_RETRY_POLICY, RetryPolicy, RetryPolicyError
+from broker.retry_policy import RetryPolicy, RetryPolicyError
 from broker.topics import TOPIC_NAME_RE
 
 log = logging.getLogger(__name__)
@@ -37,11 +39,15 @@ class SubscriptionGroupConfig:
 
     group_name: str
     retry_max_times: int | None = None
-    retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY
+    retry_policy: RetryPolicy | None = None
     consume_message_orderly: bool | None = None
 
     def effective_retry_max_times(self, broker_default: int) -> int:
         return broker_default if self.retry_max_times is None else self.retry_max_times
+
+    def nack_delay_ms(self, reconsume_times: int) -> int:
+        """How long a nacked message stays invisible (0 without a retry policy)."""
+        return 0 if self.retry_policy is None else self.retry_policy.delay_ms(reconsume_times)
 
     def orderly_for(self, fifo_topic: bool) -> bool:
         """Does this group consume a topic in order?"""
@@ -51,12 +57,12 @@ class SubscriptionGroupConfig:
         """The admin API's form (effective values, and which ones are explicit)."""
         return {"group": self.group_name,
                 "retryMaxTimes": self.effective_retry_max_times(broker_default_retry),
-                "retryPolicy": self.retry_policy.to_dict(),
+                "retryPolicy": None if self.retry_policy is None else self.retry_policy.to_dict(),
                 "consumeMessageOrderly": self.consume_message_orderly}
 
     def to_record(self) -> dict[str, Any]:
         return {"group": self.group_name, "retryMaxTimes": self.retry_max_times,
-                "retryPolicy": self.retry_policy.to_dict(),
+                "retryPolicy": None if self.retry_policy is None else self.retry_policy.to_dict(),
                 "consumeMessageOrderly": self.consume_message_orderly}
 
 
@@ -86,7 +92,7 @@ def apply_changes(current: SubscriptionGroupConfig, doc: Any) -> SubscriptionGro
         changes["retry_max_times"] = n
     if "retryPolicy" in doc:
         try:
-            changes["retry_policy"] = (DEFAULT_RETRY_POLICY if doc["retryPolicy"] is None
+            changes["retry_policy"] = (None if doc["retryPolicy"] is None
                                        else RetryPolicy.from_dict(doc["retryPolicy"]))
         except RetryPolicyError as exc:
             raise BrokerError(BrokerCode.INVALID_REQUEST, str(exc), field=exc.field) from None
@@ -147,7 +153,7 @@ class SubscriptionGroupManager:
             policy = record.get("retryPolicy")
             self._groups[group] = SubscriptionGroupConfig(
                 group, record.get("retryMaxTimes"),
-                DEFAULT_RETRY_POLICY if policy is None else RetryPolicy.from_dict(policy),
+                None if policy is None else RetryPolicy.from_dict(policy),
                 record.get("consumeMessageOrderly"))
         except (KeyError, TypeError, ValueError) as exc:
             log.error("event=bad_subscription_group_record record=%r error=%s", record, exc)

@@ -22,6 +22,7 @@ async def test_update_writes_a_record_that_every_member_applies():
                                      "consumeMessageOrderly": True})
     assert cfg.retry_max_times == 3 and cfg.retry_policy.type is RetryPolicyType.EXPONENTIAL
     assert follower.get("g1") == cfg and written[0][0] == "RMQ_SYS_SUBSCRIPTION_GROUP"
+    assert cfg.nack_delay_ms(0) == 5_000 and SubscriptionGroupConfig("g").nack_delay_ms(3) == 0
     cfg = await leader.update("g1", {"retryMaxTimes": None})  # back to the broker's default
     assert cfg.effective_retry_max_times(16) == 16 and cfg.consume_message_orderly is True
     await leader.delete("g1")
