@@ -30,6 +30,8 @@ from broker.subscription import SubscriptionGroupManager
 from broker.timer.service import TIMER_TOPIC, TimerService
 from broker.transaction.service import HALF_TOPIC, TransactionService
 
+_AS_IS_TOPICS = (TopicMessageType.NORMAL, TopicMessageType.MIXED)
+
 
 class SendResult(NamedTuple):
     """A `PutResult` (same first fields) plus what a typed message's sender needs."""
@@ -68,10 +70,14 @@ class MessageModel:
         self.subscriptions = subscriptions
 
     def route(self, cfg: Any, topic: str, msgs: Sequence[Message], queue_ids: Sequence[int | None],
-              now_ms: int) -> list[Routed]:
-        """Where each of `msgs` (bound for `topic`, config `cfg`) is stored. BrokerError naming
-        the message (`messages[i]`) when one breaks a rule; nothing is routed then."""
+              now_ms: int) -> list[Routed] | None:
+        """Where each of `msgs` (bound for `topic`, config `cfg`) is stored; None when they are
+        all stored as they are (no property at all, a NORMAL or MIXED topic: the bulk of
+        produce, checked by one pass). BrokerError naming the message (`messages[i]`) when one
+        breaks a rule; nothing is routed then."""
         topic_type = topic_message_type(getattr(cfg, "attributes", None))
+        if topic_type in _AS_IS_TOPICS and not any(m.properties for m in msgs):
+            return None
         out: list[Routed] = []
         for i, (msg, qid) in enumerate(zip(msgs, queue_ids, strict=True)):
             where = f"messages[{i}]"
