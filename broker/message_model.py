@@ -24,11 +24,20 @@ from typing import Any, NamedTuple
 from broker.errors import BrokerCode, BrokerError
 from broker.fifo import PROPERTY_SHARDING_KEY, message_group_problem, queue_of_group
 from broker.message import PROPERTY_UNIQ_KEY, Message
-from broker.message_type import TopicMessageType, check_message_type, message_type_of, topic_message_type
+from broker.message_type import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TRANSACTION_PREPARED,
+    TopicMessageType,
+    check_message_type,
+    message_type_of,
+    topic_message_type,
+)
 from broker.store.offsets import PutResult
 from broker.subscription import SubscriptionGroupManager
 from broker.timer.service import TIMER_TOPIC, TimerService
-from broker.transaction.service import HALF_TOPIC, TransactionService
+from broker.transaction.service import HALF_TOPIC, PROPERTY_PRODUCER_GROUP, TransactionService
 
 _AS_IS_TOPICS = (TopicMessageType.NORMAL, TopicMessageType.MIXED)
 
@@ -117,6 +126,30 @@ class MessageModel:
             return SendResult(put.msg_id, qid, -1, put.commit_log_offset, put.store_size,
                               deliver_at_ms=routed.deliver_at_ms, recall_handle=handle)
         return SendResult(put.msg_id, qid, -1, put.commit_log_offset, put.store_size, transaction_id=uniq)
+
+
+def typed_properties(*, deliver_at_ms: int | None = None, delay_ms: int | None = None,
+                     delay_level: int | None = None, message_group: str | None = None,
+                     transactional: bool = False, producer_group: str | None = None) -> dict[str, str]:
+    """The RocketMQ properties a front-end's typed fields stand for (HTTP `deliverAt`, `delayMs`,
+    `delayTimeLevel`, `messageGroup`, `transactional`, `producerGroup`; gRPC's
+    `delivery_timestamp`, `message_group`, message type TRANSACTION): `TIMER_DELIVER_MS`,
+    `TIMER_DELAY_MS`, `DELAY`, `__SHARDINGKEY`, `TRAN_MSG`, `PGROUP` — what `route` reads, and what a
+    client may also put in a message's properties itself."""
+    props: dict[str, str] = {}
+    if deliver_at_ms is not None:
+        props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_at_ms)
+    if delay_ms is not None:
+        props[PROPERTY_TIMER_DELAY_MS] = str(delay_ms)
+    if delay_level is not None:
+        props[PROPERTY_DELAY_TIME_LEVEL] = str(delay_level)
+    if message_group is not None:
+        props[PROPERTY_SHARDING_KEY] = message_group
+    if transactional:
+        props[PROPERTY_TRANSACTION_PREPARED] = "true"
+    if producer_group is not None:
+        props[PROPERTY_PRODUCER_GROUP] = producer_group
+    return props
 
 
 def _check_single_type(props: dict[str, str], kind: TopicMessageType, where: str) -> None:
