@@ -60,6 +60,7 @@ _HALF_ONLY = frozenset({PROPERTY_TRANSACTION_PREPARED, PROPERTY_REAL_TOPIC, PROP
 _CHECK_PERIOD_S = 1.0
 _RESOLVED_KEEP_MS = 3_600_000  # a resolved transaction answers a repeated end for an hour
 _MAX_QUEUED_CHECKS = 10_000  # per producer group, waiting for a producer to ask
+_CHECKS_PER_ROUND = 2_000  # transactions asked about in one round (one record)
 
 
 def _now_ms() -> int:
@@ -336,18 +337,18 @@ class TransactionService:
             self.discarded += 1
             log.warning("event=transaction_discarded txid=%s topic=%s checks=%d", half.txid, half.topic,
                         half.check_times)
-        for half in plan.check:
-            if half.txid in self._ending:
-                continue
-            times = half.check_times + 1
-            await self.store.append_system_record(OP_TOPIC, {"op": "check", "txid": half.txid,
-                                                             "times": times, "atMs": now})
+        asked = [h for h in plan.check if h.txid not in self._ending][:_CHECKS_PER_ROUND]
+        if asked:  # counted in the log before anyone is asked
+            times = {h.txid: h.check_times + 1 for h in asked}
+            await self.store.append_system_record(OP_TOPIC, {"op": "checks", "atMs": now, "times": times})
+        for half in asked:
             try:
                 ext = self.store.look_message_by_offset(half.phys, half.size)
             except BrokerError as exc:
                 log.error("event=half_unreadable txid=%s code=%s", half.txid, exc.code)
                 continue
-            self.hub.offer(TransactionCheck(half.txid, half.topic, half.producer_group, times, ext))
+            check = TransactionCheck(half.txid, half.topic, half.producer_group, half.check_times, ext)
+            self.hub.offer(check)
             self.checks_sent += 1
         if plan.check or plan.discard:
             self.table.prune(self.table.low_water_mark(1 << 62), now - _RESOLVED_KEEP_MS)

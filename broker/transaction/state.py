@@ -7,9 +7,9 @@ with one **op record** in `RMQ_SYS_TRANS_OP_HALF_TOPIC`:
     {"op": "end", "txid", "outcome": "COMMIT"|"ROLLBACK"|"DISCARD", "fromCheck": bool, "atMs"}
         COMMIT is written in the same log entry as the real message, so a failover can never
         show the message without the commit or the commit without the message;
-    {"op": "check", "txid", "times": n, "atMs"}
-        the master asked the producer group for the n-th time (so `transactionCheckMax` holds
-        across failovers: a new master carries on counting).
+    {"op": "checks", "times": {txid: n, ...}, "atMs"}
+        one check round: the master asked each transaction's producer group for the n-th time
+        (so `transactionCheckMax` holds across failovers: a new master carries on counting).
 
 State per transaction: OPEN → COMMITTED | ROLLED_BACK | DISCARDED, never back. The first end
 record wins; a later one for the same id (a race across a failover, or a replayed record) changes
@@ -107,6 +107,14 @@ class TransactionTable:
 
     def apply_record(self, record: dict[str, Any]) -> None:
         """Apply one op record."""
+        if record.get("op") == "checks":  # one round's checks: one record, many transactions
+            times, at = record.get("times"), record.get("atMs", 0)
+            if not isinstance(times, dict):
+                log.error("event=bad_transaction_record record=%r", record)
+                return
+            for txid, n in times.items():
+                self.apply_record({"op": "check", "txid": txid, "times": n, "atMs": at})
+            return
         try:
             op, txid = record["op"], str(record["txid"])
             half = self._by_id.get(txid)

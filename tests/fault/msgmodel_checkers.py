@@ -14,7 +14,8 @@ Event conventions (values are JSON): `send_delayed` (ok extra: deliverAt, recall
 (value: body), `timer_read` ({"queue", "messages": [[offset, body, storeTimestamp, deliverAt]]});
 `tx_half` (ok extra: txid), `tx_end` (value {"body", "resolution"}), `tx_read` ({"queue",
 "messages": [[offset, body]]}); `fifo_send` (value {"group", "seq", "body"}), `fifo_receive` (ok
-value {"messages": [[group, seq]]}), `fifo_ack` (value [group, seq]).
+value {"messages": [[group, seq]]}), `fifo_ack` (value [group, seq]; a failed one, e.g. EXPIRED
+after a failover, settled nothing and does not count).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from tests.fault.history import INFO, INVOKE, OK, Event, pair_operations
+from tests.fault.history import FAIL, INFO, OK, Event, pair_operations
 
 MAX_REPORTED = 20
 
@@ -56,9 +57,16 @@ def timers(events: Sequence[Event]) -> dict[str, Any]:
         if outcome.get(inv.value) != OK:
             outcome[inv.value] = kind
         if done is not None and done.type == OK:
-            due[inv.value] = int(done.extra["deliverAt"])
-    recalled = {inv.value for inv, done in pair_operations(e for e in events if e.f == "recall")
-                if done is not None and done.type == OK}
+            # the broker's due time; a message whose time had passed when it arrived was stored
+            # at once (no deliverAt in the answer): the time it asked for still applies
+            at = done.extra.get("deliverAt", inv.extra.get("deliverAt"))
+            if at is not None:
+                due[inv.value] = int(at)
+    recalled = {
+        inv.value
+        for inv, done in pair_operations(e for e in events if e.f == "recall")
+        if done is not None and done.type == OK
+    }
     seen = _positions(events, "timer_read")
     acked = {v for v, o in outcome.items() if o == OK}
     lost = {v for v in acked - recalled if v not in seen}
@@ -76,12 +84,19 @@ def timers(events: Sequence[Event]) -> dict[str, Any]:
     lateness.sort()
     return {
         "valid": not (lost or twice or recalled_delivered or never_sent or early),
-        "acked": len(acked), "recalled": len(recalled), "delivered": len(seen),
-        "lost_count": len(lost), "lost": _short(lost),
-        "fired_twice_count": len(twice), "fired_twice": _short(twice),
+        "acked": len(acked),
+        "recalled": len(recalled),
+        "delivered": len(seen),
+        "lost_count": len(lost),
+        "lost": _short(lost),
+        "fired_twice_count": len(twice),
+        "fired_twice": _short(twice),
         "recalled_but_delivered": _short(recalled_delivered),
-        "early_count": len(early), "early": _short(early), "unexpected": _short(never_sent),
-        "lateness_ms_p50": _percentile(lateness, 0.5), "lateness_ms_p99": _percentile(lateness, 0.99),
+        "early_count": len(early),
+        "early": _short(early),
+        "unexpected": _short(never_sent),
+        "lateness_ms_p50": _percentile(lateness, 0.5),
+        "lateness_ms_p99": _percentile(lateness, 0.99),
         "lateness_ms_max": lateness[-1] if lateness else None,
     }
 
@@ -107,11 +122,15 @@ def transactions(events: Sequence[Event]) -> dict[str, Any]:
     twice = {b for b, pos in seen.items() if len(pos) > 1}
     return {
         "valid": not (both or rolled_back_visible or never_committed_visible or committed_lost or twice),
-        "halves": len(half_acked), "committed": len(committed), "rolled_back": len(rolled_back),
+        "halves": len(half_acked),
+        "committed": len(committed),
+        "rolled_back": len(rolled_back),
         "visible": len(visible),
-        "committed_and_rolled_back": _short(both), "rolled_back_visible": _short(rolled_back_visible),
+        "committed_and_rolled_back": _short(both),
+        "rolled_back_visible": _short(rolled_back_visible),
         "visible_without_commit": _short(never_committed_visible),
-        "committed_lost": _short(committed_lost), "visible_twice": _short(twice),
+        "committed_lost": _short(committed_lost),
+        "visible_twice": _short(twice),
     }
 
 
@@ -120,11 +139,11 @@ def fifo_order(events: Sequence[Event]) -> dict[str, Any]:
     for inv, done in pair_operations(e for e in events if e.f == "fifo_send"):
         if done is not None and done.type == OK:
             sent[inv.value["group"]].add(int(inv.value["seq"]))
-    first_ack_invoke: dict[tuple[str, int], int] = {}
-    for ev in events:
-        if ev.f == "fifo_ack" and ev.type == INVOKE:
-            key = (ev.value[0], int(ev.value[1]))
-            first_ack_invoke.setdefault(key, ev.time_ns)
+    first_ack_invoke: dict[tuple[str, int], int] = {}  # of an ack that did not definitely fail
+    for inv, done in pair_operations(e for e in events if e.f == "fifo_ack"):
+        if done is None or done.type != FAIL:
+            key = (inv.value[0], int(inv.value[1]))
+            first_ack_invoke[key] = min(first_ack_invoke.get(key, inv.time_ns), inv.time_ns)
     violations = []
     delivered: dict[str, set[int]] = defaultdict(set)
     for ev in events:
@@ -138,6 +157,12 @@ def fifo_order(events: Sequence[Event]) -> dict[str, Any]:
                 if acked_at is None or acked_at > ev.time_ns:
                     violations.append((group, earlier, seq))
     undelivered = {(g, s) for g, seqs in sent.items() for s in seqs if s not in delivered[g]}
-    return {"valid": not violations, "groups": len(sent), "sent": sum(map(len, sent.values())),
-            "violations_count": len(violations), "violations": _short(set(violations)),
-            "undelivered_count": len(undelivered), "undelivered": _short(undelivered)}
+    return {
+        "valid": not violations,
+        "groups": len(sent),
+        "sent": sum(map(len, sent.values())),
+        "violations_count": len(violations),
+        "violations": _short(set(violations)),
+        "undelivered_count": len(undelivered),
+        "undelivered": _short(undelivered),
+    }

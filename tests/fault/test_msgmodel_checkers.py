@@ -104,3 +104,11 @@ def test_fifo_order_clean_then_violation():
     bad.ok(bad.invoke("fifo_ack", "c0", ["g", 0]))
     r = fifo_order(bad.events)
     assert not r["valid"] and r["violations"] == [("g", 0, 1)]
+
+    expired = History()  # an ack refused (EXPIRED) settles nothing: the next message came too early
+    for seq in range(2):
+        expired.ok(expired.invoke("fifo_send", "p0", {"group": "g", "seq": seq, "body": f"g{seq}"}))
+    expired.ok(expired.invoke("fifo_receive", "c0"), {"messages": [["g", 0]]})
+    expired.fail(expired.invoke("fifo_ack", "c0", ["g", 0]), "EXPIRED")
+    expired.ok(expired.invoke("fifo_receive", "c1"), {"messages": [["g", 1]]})
+    assert not fifo_order(expired.events)["valid"]
