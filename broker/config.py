@@ -128,6 +128,11 @@ def _clean_interval(v: str) -> int:
     if not 100 <= n <= 3_600_000:
         raise ValueError(f"expected milliseconds 100..3600000, got {n}")
     return n
+def _delay_levels(v: str) -> str:
+    from broker.timer.service import parse_delay_levels  # the one parser of the levels
+
+    parse_delay_levels(v)
+    return v.strip()
 
 
 def _path(v: str) -> str:
@@ -167,6 +172,16 @@ KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "longPollingEnable": ("long_polling_enable", _bool),
     "brokerSuspendMaxTimeMillis": ("broker_suspend_max_time_millis", _pos_int),
     "maxReconsumeTimes": ("max_reconsume_times", _nonneg_int),
+    # message model (issue 15)
+    "messageDelayLevel": ("message_delay_level", _delay_levels),
+    "timerWheelEnable": ("timer_wheel_enable", _bool),
+    "timerMaxDelaySec": ("timer_max_delay_sec", _pos_int),
+    "timerResidentMax": ("timer_resident_max", _pos_int),
+    "recallMessageEnable": ("recall_message_enable", _bool),
+    "transactionTimeOut": ("transaction_time_out", _pos_int),
+    "transactionCheckMax": ("transaction_check_max", _pos_int),
+    "transactionCheckInterval": ("transaction_check_interval", _pos_int),
+    "enablePropertyFilter": ("enable_property_filter", _bool),
     "idempotencyWindowMs": ("idempotency_window_ms", _nonneg_int),
     "idempotencyMaxKeys": ("idempotency_max_keys", _pos_int),
     "aclEnable": ("acl_enable", _bool),
@@ -201,11 +216,10 @@ serverSocketSndBufSize serverSocketRcvBufSize serverPooledByteBufAllocatorEnable
 useEpollNativeSelector clientWorkerThreads clientCallbackExecutorThreads brokerIP2
 waitTimeMillsInSendQueue waitTimeMillsInPullQueue filterServerNums notifyConsumerIdsChangedEnable
 highSpeedMode commercialEnable transferMsgByHeap maxDelayTime regionId registerBrokerTimeoutMills
-shortPollingTimeMills enablePropertyFilter compressedRegister forceRegister
-transactionTimeOut transactionCheckMax transactionCheckInterval readUnCommitted messageDelayLevel
+shortPollingTimeMills compressedRegister forceRegister readUnCommitted
 syncFlushTimeout putMsgIndexHightWater flushLeastPagesWhenWarmMapedFile enableScheduleMessageStats
 autoCreateSubscriptionGroup traceOn enableControllerMode controllerAddr enableSlaveActingMaster
-timerWheelEnable enablePopLog enableCalcFilterBitMap storeReplyMessageEnable mappedFileSizeTimerLog
+enablePopLog enableCalcFilterBitMap storeReplyMessageEnable mappedFileSizeTimerLog
 timerPrecisionMs deleteFileBatchMax isEnableBatchPush enableDLegerCommitLogReadonly slaveReadEnable
 """.split())
 
@@ -244,6 +258,17 @@ class BrokerConfig:
     long_polling_enable: bool = True
     broker_suspend_max_time_millis: int = 15_000
     max_reconsume_times: int = 16
+    message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    timer_wheel_enable: bool = True
+    timer_max_delay_sec: int = 3 * 86_400  # RocketMQ 5's timerMaxDelaySec: 3 days
+    # Pending timers kept in memory (16 B each); past it the furthest buckets spill to disk.
+    timer_resident_max: int = 2_000_000
+    # RocketMQ 5.3 ships recall off; on here, since a recall needs the handle its send returned.
+    recall_message_enable: bool = True
+    transaction_time_out: int = 6_000  # ms a half waits before its first check-back
+    transaction_check_max: int = 15
+    transaction_check_interval: int = 30_000  # ms between check-backs of one transaction
+    enable_property_filter: bool = False  # SQL92 filters, as RocketMQ: off unless enabled
     idempotency_window_ms: int = 5 * 60 * 1000
     # ~150 bytes a key on every member: 1M keys bound the table near 150 MB whatever the rate.
     idempotency_max_keys: int = 1_000_000

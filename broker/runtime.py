@@ -104,6 +104,7 @@ class BrokerRuntime:
         built = [factory(services) for factory in self._factories]
         await self.controller.start()
         try:
+            await services.start()
             self.registrar = BrokerRegistrar(services.state, cfg.namesrv_addr_list, self._register_interval())
             services.state.on_topics_changed(self.registrar.kick)
             self._watch_roles(self.controller, services)
@@ -181,6 +182,8 @@ class BrokerRuntime:
                 log.exception("event=front_end_stop_failed broker=%s frontEnd=%s", self.name, front_end.name)
 
     async def _stop_controller(self) -> None:
+        if self.services is not None:
+            await self.services.stop()
         if self.controller is not None:
             try:
                 await self.controller.shutdown()

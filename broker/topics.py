@@ -16,10 +16,11 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from broker.errors import BrokerCode, BrokerError
+from broker.message_type import MESSAGE_TYPE_ATTRIBUTE, TopicMessageType
 from wire.names import MAX_TOPIC_LENGTH as MAX_TOPIC_LENGTH  # re-exported: the name rules
 from wire.names import TOPIC_NAME_RE as TOPIC_NAME_RE
 
@@ -67,12 +68,14 @@ def validate_topic(name: Any, *, allow_system: bool = False) -> str:
 
 @dataclass(slots=True)
 class TopicConfig:
-    """One topic: read/write queue numbers and permission bits (RocketMQ's PermName)."""
+    """One topic: read/write queue numbers, permission bits (RocketMQ's PermName) and attributes
+    (RocketMQ 5's `TopicAttributes`: `message.type`)."""
 
     topic_name: str
     read_queue_nums: int = 8
     write_queue_nums: int = 8
     perm: int = DEFAULT_PERM
+    attributes: dict[str, str] = field(default_factory=dict)
 
     @property
     def queue_nums(self) -> int:
@@ -116,6 +119,47 @@ def validate_queue_nums(read_queue_nums: Any, write_queue_nums: Any, perm: Any) 
                           field="perm")
 
 
+# Attribute -> (check of a value, changeable after creation). RocketMQ's message.type is fixed once set.
+TOPIC_ATTRIBUTES: dict[str, tuple[Callable[[str], object], bool]] = {
+    MESSAGE_TYPE_ATTRIBUTE: (TopicMessageType.parse, False),
+}
+
+
+def merge_attributes(current: dict[str, str] | None, changes: Any, exists: bool) -> dict[str, str]:
+    """`current` with `changes` applied ({key: value}, a None value removes the key), checked
+    against `TOPIC_ATTRIBUTES`; INVALID_REQUEST naming `attributes.<key>`. On an existing topic a
+    fixed attribute may only be restated."""
+    if changes is None:
+        return dict(current or {})
+    if not isinstance(changes, dict):
+        raise BrokerError(BrokerCode.INVALID_REQUEST, "attributes must be an object", field="attributes")
+    out = dict(current or {})
+    for key, value in changes.items():
+        where = f"attributes.{key}"
+        known = TOPIC_ATTRIBUTES.get(key)
+        if known is None:
+            raise BrokerError(BrokerCode.INVALID_REQUEST, f"unknown topic attribute {key!r}; known: "
+                              f"{', '.join(sorted(TOPIC_ATTRIBUTES))}", field=where)
+        check, changeable = known
+        if value is not None:
+            if not isinstance(value, str):
+                raise BrokerError(BrokerCode.INVALID_REQUEST, f"{key} must be a string", field=where)
+            try:
+                value = str(check(value))
+            except ValueError as exc:
+                raise BrokerError(BrokerCode.INVALID_REQUEST, str(exc), field=where) from None
+        before = out.get(key) or (str(check("")) if exists else None)
+        if exists and not changeable and value != before:
+            raise BrokerError(BrokerCode.INVALID_REQUEST, f"topic attribute {key} cannot be changed once the "
+                              f"topic exists (it is {before}); delete and create the topic again",
+                              field=where)
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
+
 RecordWriter = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 
@@ -152,13 +196,17 @@ class TopicConfigManager:
         return dict(self._topics)
 
     async def create_or_update(self, topic: str, read_queue_nums: int | None = None,
-                               write_queue_nums: int | None = None, perm: int = DEFAULT_PERM) -> TopicConfig:
-        """Validate, write the change to the log (master only) and return the applied config."""
+                               write_queue_nums: int | None = None, perm: int = DEFAULT_PERM,
+                               attributes: dict[str, str | None] | None = None) -> TopicConfig:
+        """Validate, write the change to the log (master only) and return the applied config.
+        `attributes` are merged into the topic's (see `merge_attributes`)."""
         validate_topic(topic)
         rq = self.default_queue_nums if read_queue_nums is None else read_queue_nums
         wq = rq if write_queue_nums is None else write_queue_nums
         validate_queue_nums(rq, wq, perm)
-        cfg = TopicConfig(topic, rq, wq, perm)
+        current = self._topics.get(topic)
+        merged = merge_attributes(current.attributes if current else None, attributes, current is not None)
+        cfg = TopicConfig(topic, rq, wq, perm, merged)
         await self._write(cfg.to_record())  # returns once the dispatcher applied it
         return self._topics.get(topic, cfg)
 
@@ -215,8 +263,10 @@ class TopicConfigManager:
             self.deleted_at[topic] = max(self.deleted_at.get(topic, -1), phys)
             self._apply_delete(topic)
             return
+        attributes = record.get("attributes")  # absent in records written before attributes existed
         self._topics[topic] = TopicConfig(topic, int(record["read_queue_nums"]),
-                                          int(record["write_queue_nums"]), int(record["perm"]))
+                                          int(record["write_queue_nums"]), int(record["perm"]),
+                                          dict(attributes) if isinstance(attributes, dict) else {})
 
     def _apply_delete(self, topic: str) -> None:
         if self._topics.pop(topic, None) is not None:

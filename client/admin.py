@@ -136,9 +136,14 @@ class AsyncAdmin:
         perm: int = 6,
         cluster: str | None = None,
         broker_name: str | None = None,
+        attributes: dict[str, str | None] | None = None,
     ) -> dict[str, Any]:
-        """Create or update a topic on the master of every matching broker set."""
-        body = {"readQueueNums": read_queue_nums, "writeQueueNums": write_queue_nums, "perm": perm}
+        """Create or update a topic on the master of every matching broker set; `attributes`
+        (e.g. {"message.type": "FIFO"}; None removes one) are merged into the topic's."""
+        body: dict[str, Any] = {"readQueueNums": read_queue_nums, "writeQueueNums": write_queue_nums,
+                                "perm": perm}
+        if attributes:
+            body["attributes"] = attributes
         out = {}
         for s in await self.broker_sets(cluster, broker_name):
             out[s.broker_name] = await self.transport.request(
@@ -267,6 +272,22 @@ class AsyncAdmin:
         )
 
     # -- consumers -----------------------------------------------------------------------------
+    async def update_sub_group(self, group: str, changes: dict[str, Any], cluster: str | None = None,
+                               broker_name: str | None = None) -> dict[str, Any]:
+        """Change a consumer group's settings (retryMaxTimes, retryPolicy, consumeMessageOrderly)
+        on the master of every matching broker set; broker set → the settings now."""
+        out = {}
+        for s in await self.broker_sets(cluster, broker_name):
+            out[s.broker_name] = await self.transport.request(
+                "PUT", f"{self._master(s)}/consumers/{seg(group)}/config", json=changes
+            )
+        return out
+
+    async def sub_group(self, group: str) -> dict[str, Any]:
+        """A consumer group's settings on every broker set (broker set → settings)."""
+        return {s.broker_name: await self._first(s, "GET", f"/consumers/{seg(group)}/config")
+                for s in await self.broker_sets()}
+
     async def consumer_progress(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
         """Per broker set, topic and queue: the group's committed offset, max offset and lag."""
         rows = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import os
 import sys
 import time
@@ -66,6 +67,20 @@ def _parse_time(value: str) -> int:
         raise argparse.ArgumentTypeError(f"bad time {value!r}: use epoch ms, 'now' or ISO-8601") from None
 
 
+def _parse_attributes(value: str) -> dict[str, str | None]:
+    """RocketMQ's `-a` syntax: `+k=v` sets an attribute, `-k` removes one, comma-separated."""
+    out: dict[str, str | None] = {}
+    for part in (p.strip() for p in value.split(",") if p.strip()):
+        if part.startswith("+") and "=" in part:
+            key, _, val = part[1:].partition("=")
+            out[key] = val
+        elif part.startswith("-") and "=" not in part:
+            out[part[1:]] = None
+        else:
+            raise argparse.ArgumentTypeError(f"expected +key=value or -key, got {part!r}")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mqadmin", description="LedgerMQ admin tool (RocketMQ mqadmin commands)")
     common = argparse.ArgumentParser(add_help=False)
@@ -85,6 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-p", "--perm", type=int, default=6, help="2=W, 4=R, 6=RW")
     c.add_argument("-c", "--clusterName")
     c.add_argument("-B", "--brokerName")
+    c.add_argument("-a", "--attributes", type=_parse_attributes,
+                   help="RocketMQ's syntax: +message.type=FIFO (comma-separated; -key removes one)")
+    c = cmd("updateSubGroup", "Change a consumer group's retry and ordering settings on every broker set")
+    c.add_argument("-g", "--groupName", required=True)
+    c.add_argument("-r", "--retryMaxTimes", type=int)
+    c.add_argument("-o", "--consumeMessageOrderly", choices=["true", "false"])
+    c.add_argument("-p", "--groupRetryPolicy", type=json.loads,
+                   help='JSON, e.g. {"type": "EXPONENTIAL", "initialMs": 5000, "maxMs": 7200000}')
+    c.add_argument("-c", "--clusterName")
+    c.add_argument("-B", "--brokerName")
+    c = cmd("getSubGroup", "Show a consumer group's retry and ordering settings on every broker set")
+    c.add_argument("-g", "--groupName", required=True)
     c = cmd("deleteTopic", "Delete a topic from every broker set")
     c.add_argument("-t", "--topic", required=True)
     c.add_argument("-c", "--clusterName")
@@ -177,16 +204,38 @@ def run(args: argparse.Namespace) -> tuple[Any, list[str] | None]:
                 args.perm,
                 cluster=args.clusterName,
                 broker_name=args.brokerName,
+                attributes=args.attributes,
             )
+            rows = []
+            for b, d in out.items():
+                row = {k: d[k] for k in ("topic", "readQueueNums", "writeQueueNums", "perm")}
+                if d.get("attributes"):
+                    row["attributes"] = ",".join(f"{k}={v}" for k, v in sorted(d["attributes"].items()))
+                rows.append({"brokerName": b, **row})
+            return rows, None
+        if cmd in ("updateSubGroup", "getSubGroup"):
+            if cmd == "getSubGroup":
+                groups = a.sub_group(args.groupName)
+            else:
+                changes: dict[str, Any] = {}
+                if args.retryMaxTimes is not None:
+                    changes["retryMaxTimes"] = args.retryMaxTimes
+                if args.consumeMessageOrderly is not None:
+                    changes["consumeMessageOrderly"] = args.consumeMessageOrderly == "true"
+                if args.groupRetryPolicy is not None:
+                    changes["retryPolicy"] = args.groupRetryPolicy
+                groups = a.update_sub_group(args.groupName, changes, args.clusterName, args.brokerName)
+            if args.json:
+                return groups, None
             return [
                 {
                     "brokerName": b,
-                    "topic": d["topic"],
-                    "readQueueNums": d["readQueueNums"],
-                    "writeQueueNums": d["writeQueueNums"],
-                    "perm": d["perm"],
+                    "group": d["group"],
+                    "retryMaxTimes": d["retryMaxTimes"],
+                    "consumeMessageOrderly": d["consumeMessageOrderly"],
+                    "retryPolicy": json.dumps(d["retryPolicy"]) if d["retryPolicy"] else "none (at once)",
                 }
-                for b, d in out.items()
+                for b, d in groups.items()
             ], None
         if cmd == "deleteTopic":
             return [

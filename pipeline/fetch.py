@@ -68,6 +68,9 @@ class FetchOptions:
     poll_timeout_ms: int = 120_000
     fail_on_data_loss: bool = True
     include_properties: bool = False
+    # A broker-side filter (issue 15): TAG or SQL92 and its expression; None = every message.
+    filter_type: str | None = None
+    filter_expression: str | None = None
 
 
 class QueueFetcher:
@@ -119,6 +122,9 @@ class QueueFetcher:
                     if not len(msgs) and offset < min_offset:
                         offset = self._data_loss(offset, min(min_offset, p.end))
                         msgs = None
+                    elif self.filtering:
+                        msgs, offset = self._filtered(msgs, offset)
+                        deadline = time.monotonic() + timeout_s
                     elif len(msgs):
                         qo = msgs.queue_offset_array
                         first, last = int(qo[0]), int(qo[-1])
@@ -136,6 +142,19 @@ class QueueFetcher:
                 fut = pool.submit(self._pull, offset, min(self.page_size, p.end - offset), deadline)
                 if msgs:
                     yield self._to_arrow(msgs)
+
+    @property
+    def filtering(self) -> bool:
+        return self.opts.filter_expression is not None
+
+    def _filtered(self, msgs: PullPage, offset: int) -> tuple[PullPage | None, int]:
+        """A filtered page: the broker skipped what did not match (queue offsets have gaps) and
+        says where to go on (`next_offset`); keep what lies in this partition's range."""
+        end = self.part.end
+        if len(msgs):
+            qo = msgs.queue_offset_array
+            msgs = msgs.slice(_first_index(qo >= offset), _first_index(qo >= end))
+        return (msgs if len(msgs) else None), min(max(msgs.next_offset, offset), end)
 
     def _trim(self, msgs: PullPage, offset: int, min_offset: int) -> PullPage:
         """Keep ``[offset, end)`` of a page, handling deleted offsets at its head (data loss)."""
@@ -191,7 +210,10 @@ class QueueFetcher:
         p = self.part
         path = f"/topics/{quote(p.topic, safe='')}/queues/{p.queue_id}/messages"
         # The binary page (pipeline/binpull.py): raw bodies, no JSON or base64 on either end.
-        params = {"offset": offset, "maxMessages": count, "waitMs": wait_ms}
+        params: dict[str, object] = {"offset": offset, "maxMessages": count, "waitMs": wait_ms}
+        if self.filtering:
+            params["filterType"] = self.opts.filter_type or "TAG"
+            params["filterExpression"] = self.opts.filter_expression
         try:
             resp = self.http.get(base_url(addr), path, params, _BINARY_ACCEPT)
         except TRANSPORT_ERRORS as exc:
@@ -209,7 +231,7 @@ class QueueFetcher:
                 )
             msgs = decode_pull_page(resp.content)
             min_offset = msgs.min_offset
-            if not len(msgs) and offset >= min_offset:
+            if not len(msgs) and offset >= min_offset and msgs.next_offset <= offset:
                 # Not there yet on this member (a slave catching up, or a new master replaying).
                 self._next_member(sleep_s=0.0 if wait_ms else 0.05)
                 return None

@@ -79,6 +79,15 @@ def _int(options: Mapping[str, str], name: str, default: int | None, minimum: in
     return value
 
 
+def _filter_type(raw: str | None) -> str | None:
+    if raw is None or raw == "":
+        return None
+    kind = raw.strip().upper()
+    if kind not in ("TAG", "SQL92"):
+        raise ValueError(f"ledgermq: option 'filterType' must be TAG or SQL92, got {raw!r}")
+    return kind
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """The reader options, validated once on the driver (Spark hands them over as strings)."""
@@ -97,6 +106,8 @@ class SourceOptions:
     page_size: int
     include_properties: bool
     consumer_group: str | None
+    filter_type: str | None
+    filter_expression: str | None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -134,6 +145,8 @@ class SourceOptions:
             page_size=_int(options, "pageSize", 1000) or 1000,
             include_properties=_bool(options, "includeProperties", False),
             consumer_group=options.get("consumerGroup") or None,
+            filter_type=_filter_type(options.get("filterType")),
+            filter_expression=options.get("filterExpression") or None,
         )
 
     def fetch_options(self) -> FetchOptions:
@@ -145,6 +158,8 @@ class SourceOptions:
             self.poll_timeout_ms,
             self.fail_on_data_loss,
             self.include_properties,
+            self.filter_type,
+            self.filter_expression,
         )
 
 

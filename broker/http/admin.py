@@ -38,6 +38,7 @@ def topic_json(info: TopicInfo) -> dict[str, Any]:
         "writeQueueNums": info.write_queue_nums,
         "perm": info.perm,
         "queues": [{"queueId": q, "minOffset": lo, "maxOffset": hi} for q, lo, hi in info.queues],
+        "attributes": info.attributes,
     }
 
 
@@ -130,7 +131,7 @@ def _topic_routes(services: BrokerServices) -> APIRouter:
     )
     async def put_topic(topic: TopicPath, body: TopicIn, request: Request) -> dict[str, Any]:
         info = await topics.create_or_update(
-            account_of(request), topic, body.readQueueNums, body.writeQueueNums, body.perm
+            account_of(request), topic, body.readQueueNums, body.writeQueueNums, body.perm, body.attributes
         )
         return topic_json(info)
 

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from apidocs import install_offline_docs
-from broker.http import admin, consumers, messages
+from broker.http import admin, consumers, message_model, messages
 from broker.http.acl import AuthMiddleware
 from broker.http.hot import HotHandlers, HotPath
 from broker.http.problems import install_problem_handlers
@@ -59,6 +59,7 @@ def create_app(services: BrokerServices) -> BrokerApp:
     app.include_router(messages.build_router(services, handlers))
     app.include_router(consumers.build_router(services))
     app.include_router(admin.build_router(services))
+    app.include_router(message_model.build_router(services))
     _publish_hot_schemas(app)
     return app
 

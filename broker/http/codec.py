@@ -29,6 +29,7 @@ from broker.message import (
     bytes_to_properties,
     create_message_id,
 )
+from broker.message_model import typed_properties
 from broker.service.validation import (
     MAX_BATCH_MESSAGES,
     MAX_IDEMPOTENCY_KEY_LENGTH,
@@ -42,9 +43,14 @@ from broker.service.validation import (
     plain_key,
 )
 
+# The typed fields of a message (the message model: delay, FIFO, transactions), mapped onto
+# RocketMQ's properties by `broker.message_model.typed_properties`.
+_TYPED_FIELDS = frozenset(
+    {"deliverAt", "delayMs", "delayTimeLevel", "messageGroup", "transactional", "producerGroup"}
+)
 _MESSAGE_FIELDS = frozenset(
     {"body", "bodyEncoding", "tags", "keys", "properties", "queueId", "idempotencyKey"}
-)
+) | _TYPED_FIELDS
 _SDK_FIELDS = frozenset({"body", "bodyEncoding", "idempotencyKey"})
 
 
@@ -100,12 +106,15 @@ def _full_message(
     for nullable in ("keys", "properties", "body", "bodyEncoding"):
         if nullable in item and item[nullable] is None:
             raise invalid(f"{where}.{nullable}", "must not be null (leave it out instead)")
+    properties = check_properties(item.get("properties"), f"{where}.properties")
+    if not item.keys().isdisjoint(_TYPED_FIELDS):
+        properties = {**properties, **_typed(item, where)}
     msg = Message(
         topic=topic,
         body=data,
         tags=check_text(item.get("tags"), f"{where}.tags", MAX_TAGS_LENGTH),
         keys=check_keys(item.get("keys"), f"{where}.keys"),
-        properties=check_properties(item.get("properties"), f"{where}.properties"),
+        properties=properties,
         idempotency_key=check_text(
             item.get("idempotencyKey"), f"{where}.idempotencyKey", MAX_IDEMPOTENCY_KEY_LENGTH
         ),
@@ -113,6 +122,30 @@ def _full_message(
         born_host=born_host,
     )
     return msg, check_queue_id(item.get("queueId"), f"{where}.queueId")
+
+
+def _opt_int(item: dict[str, Any], key: str, where: str, hi: int) -> int | None:
+    value = item.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or not 0 <= value <= hi:
+        raise invalid(f"{where}.{key}", f"expected an integer in 0..{hi}")
+    return value
+
+
+def _typed(item: dict[str, Any], where: str) -> dict[str, str]:
+    """The properties of a message's typed fields (their rules: `MessageModelService`)."""
+    transactional = item.get("transactional")
+    if transactional is not None and type(transactional) is not bool:
+        raise invalid(f"{where}.transactional", "expected true or false")
+    return typed_properties(
+        deliver_at_ms=_opt_int(item, "deliverAt", where, 2**62),
+        delay_ms=_opt_int(item, "delayMs", where, 2**62),
+        delay_level=_opt_int(item, "delayTimeLevel", where, 1000),
+        message_group=check_text(item.get("messageGroup"), f"{where}.messageGroup", MAX_TAGS_LENGTH),
+        transactional=bool(transactional),
+        producer_group=check_text(item.get("producerGroup"), f"{where}.producerGroup", MAX_TAGS_LENGTH),
+    )
 
 
 def parse_produce_json(

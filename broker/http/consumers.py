@@ -68,8 +68,17 @@ def build_router(services: BrokerServices) -> APIRouter:
     )
     async def receive(group: GroupPath, body: ReceiveIn, request: Request) -> Response:
         services.clients.seen(group, body.topic, ClientProtocol.HTTP, *_client_of(request))
+        message_filter = None
+        if body.filterType is not None or body.filterExpression is not None:
+            message_filter = services.message_model.message_filter(body.filterType, body.filterExpression)
         got = await pop.receive(
-            account_of(request), group, body.topic, body.maxMessages, body.invisibleMs, body.waitMs
+            account_of(request),
+            group,
+            body.topic,
+            body.maxMessages,
+            body.invisibleMs,
+            body.waitMs,
+            message_filter,
         )
         return _json({"messages": [received_json(r) for r in got]})
 

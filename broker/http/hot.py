@@ -101,6 +101,17 @@ def _decode_produce(
     raise invalid("Content-Type", f"expected {JSON} or application/octet-stream, got {ctype!r}")
 
 
+def result_json(r: tuple) -> dict[str, Any]:
+    """One send result as the API shows it (a typed message's adds when it is due, its recall
+    handle, its transaction id)."""
+    doc = {"msgId": r[0], "queueId": r[1], "queueOffset": r[2], "commitLogOffset": r[3]}
+    if len(r) > 5:
+        for name, value in zip(("deliverAt", "recallHandle", "transactionId"), r[5:8], strict=True):
+            if value is not None:
+                doc[name] = value
+    return doc
+
+
 class HotHandlers:
     """Produce and pull of one broker over its services. Callers: `HotPath` and the FastAPI routes."""
 
@@ -118,14 +129,7 @@ class HotHandlers:
             produce.refused(topic, exc)
             raise
         results = await produce.put(topic, msgs, qids, started)
-        return orjson.dumps(
-            {
-                "results": [
-                    {"msgId": r[0], "queueId": r[1], "queueOffset": r[2], "commitLogOffset": r[3]}
-                    for r in results
-                ]
-            }
-        )
+        return orjson.dumps({"results": [result_json(r) for r in results]})
 
     async def pull(
         self,
@@ -152,8 +156,13 @@ class HotHandlers:
             build: MessageBuilder = message_binary_view
         else:
             build = _build_base64 if enc == "base64" else message_json_view
+        message_filter = None
+        if "filterType" in query or "filterExpression" in query:
+            message_filter = self.services.message_model.message_filter(
+                query.get("filterType"), query.get("filterExpression")
+            )
         result = await self.services.pull.pull(
-            account, topic, int(queue_raw), offset, max_messages, wait_ms, build
+            account, topic, int(queue_raw), offset, max_messages, wait_ms, build, message_filter
         )
         if binary:
             body = pull_binary_bytes(

@@ -108,6 +108,18 @@ _PULL_OPENAPI: dict[str, Any] = {
             "description": "JSON form only",
         },
         {
+            "name": "filterType",
+            "in": "query",
+            "schema": {"type": "string", "enum": ["TAG", "SQL92"], "default": "TAG"},
+        },
+        {
+            "name": "filterExpression",
+            "in": "query",
+            "schema": {"type": "string", "maxLength": 4096},
+            "description": "TagA || TagB, or a SQL92 selector (enablePropertyFilter=true); "
+            "messages that do not match are skipped: nextOffset moves past them",
+        },
+        {
             "name": "format",
             "in": "query",
             "schema": {"type": "string", "enum": ["json", "binary"]},

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StringConstraints
 
 from broker.service.pop import MAX_INVISIBLE_MS, MAX_RECEIVE_MESSAGES, MAX_RECEIVE_WAIT_MS, MIN_INVISIBLE_MS
 from wire.names import MAX_TOPIC_LENGTH, TOPIC_PATTERN
@@ -71,6 +71,16 @@ class ProduceMessage(_In):
         max_length=255,
         description="A repeat within idempotencyWindowMs returns the first result",
     )
+    deliverAt: IntIn(0, 2**62) | None = Field(default=None, description="Deliver at this time (epoch ms)")
+    delayMs: IntIn(0, 2**62) | None = Field(default=None, description="Deliver this many ms from now")
+    delayTimeLevel: IntIn(0, 1000) | None = Field(
+        default=None, description="RocketMQ 4 delay level (messageDelayLevel; 1-18 by default)"
+    )
+    messageGroup: NoSep | None = Field(
+        default=None, max_length=64, description="FIFO: messages of a group are consumed in order"
+    )
+    transactional: StrictBool | None = Field(default=None, description="A half message: commit or roll back")
+    producerGroup: NoSep | None = Field(default=None, max_length=255, description="Checked back on")
 
 
 class ProduceRequest(_In):
@@ -82,6 +92,9 @@ class PutResultOut(BaseModel):
     queueId: int
     queueOffset: int
     commitLogOffset: int
+    deliverAt: int | None = None
+    recallHandle: str | None = None
+    transactionId: str | None = None
 
 
 class ProduceResponse(BaseModel):
@@ -130,6 +143,11 @@ class TopicIn(_In):
     readQueueNums: IntIn(1, 1024) | None = None
     writeQueueNums: IntIn(1, 1024) | None = None
     perm: IntIn(0, 15) = 6
+    attributes: dict[str, str | None] | None = Field(
+        default=None,
+        description="RocketMQ 5 topic attributes, merged into the topic's (null removes one): "
+        "message.type = NORMAL | FIFO | DELAY | TRANSACTION | MIXED, fixed once the topic exists",
+    )
 
 
 class QueueOut(BaseModel):
@@ -140,6 +158,7 @@ class QueueOut(BaseModel):
 
 class TopicOut(BaseModel):
     topic: str
+    attributes: dict[str, str] = Field(default_factory=dict)
     readQueueNums: int
     writeQueueNums: int
     perm: int
@@ -175,6 +194,8 @@ class ReceiveIn(_In):
     maxMessages: IntIn(1, MAX_RECEIVE_MESSAGES) = 16
     invisibleMs: IntIn(MIN_INVISIBLE_MS, MAX_INVISIBLE_MS) = 30_000
     waitMs: IntIn(0, MAX_RECEIVE_WAIT_MS) = 0
+    filterType: Literal["TAG", "SQL92"] | None = None
+    filterExpression: str | None = Field(default=None, max_length=4096)
 
 
 class ReceiveOut(BaseModel):

@@ -20,6 +20,7 @@ from broker.service.acl import ANONYMOUS, AccessControl, Account, Right
 from broker.service.clients import ClientInfo, ClientProtocol, ClientRegistry
 from broker.service.deliveries import DeliveryQueryService, DeliveryState, GroupDelivery
 from broker.service.dlq import DeadLetterService, ResendResult
+from broker.service.message_model import MessageModelService
 from broker.service.metrics import BrokerMetrics, BrokerStateCollector
 from broker.service.offsets import GroupLag, OffsetRow, OffsetService, TopicLag
 from broker.service.pop import AckResult, AckStatus, PopService, ReceivedMessage
@@ -48,6 +49,7 @@ __all__ = [
     "GetResult",
     "GroupDelivery",
     "GroupLag",
+    "MessageModelService",
     "MessageQueryService",
     "OffsetRow",
     "OffsetService",
@@ -92,6 +94,7 @@ class BrokerServices:
     deliveries: DeliveryQueryService
     dead_letters: DeadLetterService
     clients: ClientRegistry
+    message_model: MessageModelService
 
     @classmethod
     def create(cls, controller: BrokerController) -> BrokerServices:
@@ -99,9 +102,11 @@ class BrokerServices:
         state = BrokerState(controller)
         acl = _access_control(controller)
         metrics = BrokerMetrics(controller.config.broker_name)
-        pop = PopService(state, acl, metrics)
+        model = MessageModelService(state, acl, metrics)
+        model.install()
+        pop = PopService(state, acl, metrics, model)
         pop.install()
-        produce = ProduceService(state, acl, metrics)
+        produce = ProduceService(state, acl, metrics, model)
         query = MessageQueryService(state, acl)
         services = cls(
             state=state,
@@ -116,9 +121,18 @@ class BrokerServices:
             deliveries=DeliveryQueryService(state, acl, pop, query),
             dead_letters=DeadLetterService(state, acl, produce, query),
             clients=ClientRegistry(lambda: int(time.time() * 1000)),
+            message_model=model,
         )
         metrics.registry.register(BrokerStateCollector(controller.config.broker_name, services.snapshot))
         return services
+
+    async def start(self) -> None:
+        """Start the services' background work (timer firing, transaction checks: master only);
+        after the controller has started."""
+        await self.message_model.start()
+
+    async def stop(self) -> None:
+        await self.message_model.stop()
 
     def snapshot(self) -> dict[str, Any]:
         """Scrape-time view for the metrics: role, DLedger metadata, consumer lag, queue max

@@ -16,8 +16,17 @@ delivers those again at once (at least once, never lost), never an acked one. Re
 carry the service epoch and a delivery id, so a handle from an old master or an earlier delivery
 is refused; an ack retried with the handle that was acked answers OK again.
 
-A message whose reconsume count would exceed `maxReconsumeTimes` goes to `%DLQ%{group}` (created on
-demand, one queue) and counts as acked. A new group starts at each queue's min offset.
+A message whose reconsume count would exceed the group's `retryMaxTimes` (default
+`maxReconsumeTimes`) goes to `%DLQ%{group}` (created on demand, one queue) and counts as acked. A
+nack makes a message visible again after the group's retry policy's backoff (at once without one).
+A new group starts at each queue's min offset.
+
+Message model (issue 15): a receive may carry a filter (`broker.filter`): messages it does not
+match are never handed out and count as settled, so the committed offset moves past them. An
+orderly group (`consumeMessageOrderly`, by default on FIFO topics) hands out a message group's
+next message only once the one before it is acked or dead-lettered (`broker.fifo.FifoGate` per
+queue); other message groups go on in parallel. After a failover the gate is rebuilt from the
+replicated acks, so that order holds across masters too.
 
 Edges: retention can move a queue's min offset past the read pointer or an in-flight offset —
 the group skips forward (what left the disk is gone; one warning line names the range). A topic
@@ -39,8 +48,12 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from broker.errors import BrokerCode, BrokerError, invalid
+from broker.fifo import PROPERTY_SHARDING_KEY, FifoGate
+from broker.filter import MessageFilter
 from broker.message import Message, MessageExt
+from broker.message_type import TopicMessageType, topic_message_type
 from broker.service.acl import AccessControl, Account, Right
+from broker.service.message_model import MessageModelService
 from broker.service.metrics import BrokerMetrics
 from broker.service.pop_state import SYS_POP_STATE, PopStateReplica
 from broker.service.state import BrokerState
@@ -110,9 +123,17 @@ class QueueState:
     reconsume_base: dict[int, int] = field(default_factory=dict)
     # offset → delivery id of its OK ack on this master (bounded, oldest first).
     recent_acks: dict[int, int] = field(default_factory=dict)
+    # An orderly group's per-message-group order: messages read but held behind their group's head.
+    gate: FifoGate | None = None
 
     def low_water_mark(self) -> int:
-        return min(self.inflight) if self.inflight else self.read_ptr
+        mark = min(self.inflight) if self.inflight else self.read_ptr
+        return mark if self.gate is None else min(mark, self.gate.low_water_mark(self.read_ptr))
+
+    def settled(self, offset: int) -> None:
+        """`offset` was acked or dead-lettered: its message group may go on."""
+        if self.gate is not None:
+            self.gate.settle(offset)
 
     def remember_ack(self, offset: int, delivery_id: int) -> None:
         """Record an OK ack, so a retry with the same handle (and only that one) answers OK."""
@@ -124,8 +145,11 @@ class QueueState:
 @dataclass
 class GroupTopicState:
     term: int
+    orderly: bool = False
     queues: dict[int, QueueState] = field(default_factory=dict)
     turn: int = 0
+    # Orderly: set when a head settles, so a receive waiting for its group's turn wakes up.
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
@@ -134,6 +158,8 @@ class _Batch:
 
     max_messages: int
     invisible_ms: int
+    message_filter: MessageFilter | None = None
+    retry_max_times: int = 16
     out: list[ReceivedMessage] = field(default_factory=list)
     recounts: dict[int, dict[int, int]] = field(default_factory=dict)  # qid → offset → count
     dead: dict[int, list[int]] = field(default_factory=dict)  # qid → offsets settled without ack
@@ -175,8 +201,10 @@ class PopService:
     `install()` registers the replicated pop state with the store; it must run before the store
     starts, so the replay at start rebuilds it."""
 
-    def __init__(self, state: BrokerState, acl: AccessControl, metrics: BrokerMetrics) -> None:
+    def __init__(self, state: BrokerState, acl: AccessControl, metrics: BrokerMetrics,
+                 model: MessageModelService) -> None:
         self.state = state
+        self.model = model
         self.store = state.store
         self.config = state.config
         self.acl = acl
@@ -221,13 +249,21 @@ class PopService:
         if not cfg.is_readable():
             raise BrokerError(BrokerCode.NO_PERMISSION, f"topic {topic!r} is not readable (perm={cfg.perm})")
         term = state.term()
+        orderly = self.model.group(group).orderly_for(
+            topic_message_type(cfg.attributes) is TopicMessageType.FIFO
+        )
         st = self._states.get((group, topic))
-        if st is None or st.term != term:
+        if st is None or st.term != term or st.orderly != orderly:
             if st is not None:
                 log.info(
-                    "event=pop_state_reset group=%s topic=%s oldTerm=%d term=%d", group, topic, st.term, term
+                    "event=pop_state_reset group=%s topic=%s oldTerm=%d term=%d orderly=%s",
+                    group,
+                    topic,
+                    st.term,
+                    term,
+                    orderly,
                 )
-            st = GroupTopicState(term)
+            st = GroupTopicState(term, orderly)
             self._states[(group, topic)] = st
         # readQueueNums lowered: the higher queues are no longer read (and may no longer exist,
         # so touching them would fail every request of the group).
@@ -247,7 +283,9 @@ class PopService:
                 )
                 qs = None
             if qs is None:
-                st.queues[q] = self._load_queue(group, topic, q)
+                qs = st.queues[q] = self._load_queue(group, topic, q)
+                if orderly:
+                    qs.gate = FifoGate()
         return st
 
     def _load_queue(self, group: str, topic: str, queue_id: int) -> QueueState:
@@ -341,11 +379,19 @@ class PopService:
 
     # -- receive -------------------------------------------------------------------------------
     async def receive(
-        self, account: Account, group: str, topic: str, max_messages: int, invisible_ms: int, wait_ms: int
+        self,
+        account: Account,
+        group: str,
+        topic: str,
+        max_messages: int,
+        invisible_ms: int,
+        wait_ms: int,
+        message_filter: MessageFilter | None = None,
     ) -> list[ReceivedMessage]:
         """Up to `max_messages` messages of `topic` for `group`, each invisible to the group for
         `invisible_ms`; when there are none, wait up to `wait_ms` (capped by
-        brokerSuspendMaxTimeMillis) for one."""
+        brokerSuspendMaxTimeMillis) for one. `message_filter` (`MessageModelService
+        .message_filter`): only matching messages are handed out, the others settle at once."""
         _in_range("maxMessages", max_messages, 1, MAX_RECEIVE_MESSAGES)
         _in_range("invisibleMs", invisible_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
         _in_range("waitMs", wait_ms, 0, MAX_RECEIVE_WAIT_MS)
@@ -353,7 +399,8 @@ class PopService:
         deadline = time.monotonic() + min(wait_ms, self.config.broker_suspend_max_time_millis) / 1000
         while True:
             st = self._state(group, topic)
-            out = await self._collect(group, topic, st, _Batch(max_messages, invisible_ms))
+            batch = _Batch(max_messages, invisible_ms, message_filter, self.model.retry_max_times(group))
+            out = await self._collect(group, topic, st, batch)
             remaining = deadline - time.monotonic()
             if out or remaining <= 0 or not self.config.long_polling_enable:
                 return out
@@ -370,6 +417,8 @@ class PopService:
             qs = st.queues.get(qid)
             if qs is None:
                 continue
+            if qs.gate is not None:
+                self._deliver_ready(group, topic, qid, qs, batch)  # 0. heads whose turn came (orderly)
             await self._redeliver(group, topic, st, qid, qs, batch)  # 1. visible again
             if not self._live(group, topic, st) or st.queues.get(qid) is not qs:
                 # Replaced while we awaited (topic deleted, new term, queue re-created): what we
@@ -411,10 +460,11 @@ class PopService:
             msg = self._read_one(topic, qid, off)
             if msg is None:  # expired from disk (retention): nothing to redeliver
                 del qs.inflight[off]
+                qs.settled(off)
                 gone.append(off)
                 batch.dead.setdefault(qid, []).append(off)
                 continue
-            if fl.reconsume_times + 1 > self.config.max_reconsume_times:
+            if fl.reconsume_times + 1 > batch.retry_max_times:
                 if await self._dead_letter(group, topic, qs, off, fl, msg):
                     batch.dead.setdefault(qid, []).append(off)
                 continue
@@ -450,13 +500,26 @@ class PopService:
             qs.acked = {o for o in qs.acked if o >= lo}
             qs.reconsume_base = {o: n for o, n in qs.reconsume_base.items() if o >= lo}
         now = _now_ms()
-        while not batch.full() and qs.read_ptr < store.max_offset(topic, qid):
-            res = store.get_messages(topic, qid, qs.read_ptr, batch.max_messages - len(batch.out))
+        gate = qs.gate
+        while (
+            not batch.full()
+            and qs.read_ptr < store.max_offset(topic, qid)
+            and (gate is None or gate.can_read_more())
+        ):
+            res = store.get_messages(
+                topic,
+                qid,
+                qs.read_ptr,
+                batch.max_messages - len(batch.out),
+                message_filter=batch.message_filter,
+            )
             for msg in res.messages:
                 off = msg.queue_offset
                 if off in qs.acked:
                     qs.acked.discard(off)
                     continue
+                if gate is not None and not gate.admit(off, msg.properties.get(PROPERTY_SHARDING_KEY)):
+                    continue  # behind its message group's head: handed out once that settles
                 base = qs.reconsume_base.pop(off, 0)
                 fl = Inflight(0, base + 1 if base else 0, 0)
                 if base:
@@ -466,6 +529,28 @@ class PopService:
             if res.next_offset <= qs.read_ptr:
                 break
             qs.read_ptr = res.next_offset
+
+    def _deliver_ready(self, group: str, topic: str, qid: int, qs: QueueState, batch: _Batch) -> None:
+        """Orderly: hand out the messages that became their group's head (the one before them
+        was settled). One gone from disk meanwhile settles in turn."""
+        assert qs.gate is not None
+        now = _now_ms()
+        while not batch.full():
+            ready = qs.gate.take_ready(batch.max_messages - len(batch.out))
+            if not ready:
+                return
+            for off in ready:
+                msg = self._read_one(topic, qid, off)
+                if msg is None:
+                    qs.settled(off)
+                    batch.dead.setdefault(qid, []).append(off)
+                    continue
+                base = qs.reconsume_base.pop(off, 0)
+                fl = Inflight(0, base + 1 if base else 0, 0)
+                if base:
+                    batch.recounts.setdefault(qid, {})[off] = fl.reconsume_times
+                qs.inflight[off] = fl
+                batch.out.append(self._deliver(group, qid, off, fl, msg, now + batch.invisible_ms))
 
     def _deliver(
         self, group: str, qid: int, off: int, fl: Inflight, msg: MessageExt, until_ms: int
@@ -488,6 +573,9 @@ class PopService:
             asyncio.ensure_future(self.store.wait_for_message(topic, q, qs.read_ptr, timeout))
             for q, qs in st.queues.items()
         ]
+        if st.orderly:
+            st.settled.clear()
+            tasks.append(asyncio.ensure_future(st.settled.wait()))
         if not tasks:  # a topic with no readable queue: nothing can arrive, just honour waitMs
             await asyncio.sleep(timeout)
             return
@@ -541,6 +629,7 @@ class PopService:
             del qs.inflight[off]
             dead = DeliveryEvent.DEAD_LETTERED
             self.trace.record((topic, msg.queue_id, off), group, dead, fl.reconsume_times + 1)
+            qs.settled(off)
             return True
         return False
 
@@ -638,11 +727,14 @@ class PopService:
             found = self._find(st, h, f"receiptHandles[{i}]")
             if found.status == "OK":
                 fl = found.qs.inflight.pop(found.offset)
+                found.qs.settled(found.offset)
                 settled.setdefault(found.queue_id, []).append(found.offset)
                 acked_now[h] = found
                 self.trace.record(found.key(topic), group, DeliveryEvent.ACKED, fl.reconsume_times)
             statuses.append(AckStatus.EXPIRED if found.status == "EXPIRED" else AckStatus.OK)
         await self._settle(group, topic, st, settled)
+        if settled and st.orderly:
+            st.settled.set()
         # Only now (the ack is in the log) may a retry of these handles answer OK.
         for found in acked_now.values():
             found.qs.remember_ack(found.offset, found.delivery_id)
@@ -651,17 +743,19 @@ class PopService:
         return [AckResult(h, s) for h, s in zip(handles, statuses, strict=True)]
 
     async def nack(self, account: Account, group: str, topic: str, handles: list[str]) -> list[AckResult]:
-        """Make received messages visible again at once (redelivered by the next receive)."""
+        """Give received messages back: visible again after the group's retry-policy backoff
+        (at once when the group has no policy), redelivered by a later receive."""
         self._admit(account, group, topic)
         st = self._state(group, topic)
         self._check_handles(handles)
         results = []
         now = _now_ms()
+        settings = self.model.group(group)
         for i, h in enumerate(handles):
             found = self._find(st, h, f"receiptHandles[{i}]")
             if found.status == "OK":
                 fl = found.qs.inflight[found.offset]
-                fl.invisible_until_ms = now  # visible again at once
+                fl.invisible_until_ms = now + settings.nack_delay_ms(fl.reconsume_times)
                 self.trace.record(found.key(topic), group, DeliveryEvent.NACKED, fl.reconsume_times)
             results.append(AckResult(h, AckStatus.OK if found.status == "OK" else AckStatus.EXPIRED))
         return results
@@ -702,6 +796,7 @@ class PopService:
         msg = self._read_one(topic, found.queue_id, found.offset)
         if msg is None:  # gone from disk (retention): nothing to forward, settle it
             del found.qs.inflight[found.offset]
+            found.qs.settled(found.offset)
         elif not await self._dead_letter(group, topic, found.qs, found.offset, fl, msg, quiet=False):
             return  # settled meanwhile by a concurrent request: nothing left to do
         await self._settle(group, topic, st, {found.queue_id: [found.offset]})

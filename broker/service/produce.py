@@ -12,7 +12,9 @@ import time
 
 from broker.errors import BrokerError, from_dledger
 from broker.message import Message
+from broker.message_model import SendResult
 from broker.service.acl import AccessControl, Account, Right
+from broker.service.message_model import MessageModelService
 from broker.service.metrics import BrokerMetrics
 from broker.service.state import BrokerState
 from broker.store.offsets import PutResult
@@ -25,8 +27,10 @@ __all__ = ["ProduceService", "PutResult"]
 class ProduceService:
     """Produce for one broker. Callers: the front-ends (HTTP hot path and routes, gRPC)."""
 
-    def __init__(self, state: BrokerState, acl: AccessControl, metrics: BrokerMetrics) -> None:
+    def __init__(self, state: BrokerState, acl: AccessControl, metrics: BrokerMetrics,
+                 model: MessageModelService) -> None:
         self.state = state
+        self.model = model
         self.store = state.store
         self.acl = acl
         self.metrics = metrics
@@ -40,7 +44,7 @@ class ProduceService:
         topic: str,
         msgs: list[Message],
         queue_ids: list[int | None],
-    ) -> list[PutResult]:
+    ) -> list[PutResult | SendResult]:
         """`admit` then `put`: the whole produce for a front-end that has its messages at hand."""
         started = time.perf_counter()
         self.admit(account, topic)
@@ -63,7 +67,7 @@ class ProduceService:
         msgs: list[Message],
         queue_ids: list[int | None],
         started: float | None = None,
-    ) -> list[PutResult]:
+    ) -> list[PutResult | SendResult]:
         """Store `msgs` (admitted) in order; `queue_ids[i]` is message i's queue or None (the
         store chooses). Nothing is stored when any message names a queue the topic lacks.
         `started` (perf_counter) is when the request began, for the latency metric."""
@@ -85,7 +89,9 @@ class ProduceService:
         label = topic if self.store.topics.get(topic) is not None else "_other"
         self.metrics.put_errors.labels(topic=label, code=exc.code.value).inc()
 
-    async def _put(self, topic: str, msgs: list[Message], queue_ids: list[int | None]) -> list[PutResult]:
+    async def _put(
+        self, topic: str, msgs: list[Message], queue_ids: list[int | None]
+    ) -> list[PutResult | SendResult]:
         topics = self.store.topics
         created = topics.get(topic) is None
         # The topic's rules have one home (broker/topics.py), for the store's own puts too; here
@@ -96,18 +102,31 @@ class ProduceService:
         for i, q in enumerate(queue_ids):
             if q is not None:
                 cfg.check_write_queue(q, f"messages[{i}].queueId")
-        results: list[PutResult] = []
+        results: list[PutResult | SendResult] = []
+        routed = self.model.route(cfg, topic, msgs, queue_ids, int(time.time() * 1000))
         # One store call per run of messages bound for the same queue, in request order. The store
         # answers a commit timeout itself (TIMEOUT, outcome unknown), so no extra timer here.
         put_messages = self.store.put_messages
         start, n = 0, len(msgs)
         try:
-            while start < n:
+            if routed is None:  # plain messages of a NORMAL topic: stored as they are
+                while start < n:
+                    end = start + 1
+                    while end < n and queue_ids[end] == queue_ids[start]:
+                        end += 1
+                    batch = msgs if start == 0 and end == n else msgs[start:end]
+                    results += await put_messages(topic, batch, queue_ids[start])
+                    start = end
+                return results
+            while start < n:  # typed messages: each run to where the message model sends it
+                first = routed[start]
                 end = start + 1
-                while end < n and queue_ids[end] == queue_ids[start]:
+                while end < n and (routed[end].topic, routed[end].queue_id) == (first.topic, first.queue_id):
                     end += 1
-                batch = msgs if start == 0 and end == n else msgs[start:end]
-                results += await put_messages(topic, batch, queue_ids[start])
+                run = routed[start:end]
+                puts = await put_messages(first.topic, [r.message for r in run], first.queue_id,
+                                          _system=first.system)
+                results += [self.model.model.result(topic, r, p) for r, p in zip(run, puts, strict=True)]
                 start = end
         except DLedgerException as exc:
             raise from_dledger(exc) from None

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.errors import BrokerCode, BrokerError
+from broker.filter import MessageFilter
 from broker.service.acl import AccessControl, Account, Right
 from broker.service.metrics import BrokerMetrics
 from broker.service.state import BrokerState
@@ -53,10 +54,12 @@ class PullService:
         max_messages: int,
         wait_ms: int,
         build: MessageBuilder,
+        message_filter: MessageFilter | None = None,
     ) -> GetResult:
         """Up to `max_messages` (1..MAX_PULL_MESSAGES) from `offset`, at most DEFAULT_PULL_BYTES
         of them; when `offset` is the queue's end, wait up to `wait_ms` (capped by
-        brokerSuspendMaxTimeMillis) for a message to arrive."""
+        brokerSuspendMaxTimeMillis) for a message to arrive. With `message_filter` only matching
+        messages come back; `next_offset` moves past the others (an empty page may still move it)."""
         t0 = time.perf_counter()
         self.acl.authorize(account, topic=topic, right=Right.SUB)
         validate_topic(topic)
@@ -79,7 +82,9 @@ class PullService:
                 await store.wait_for_message(topic, queue_id, offset, wait_s)
             finally:
                 self.metrics.long_poll_waiters.dec()
-        result = store.read_messages(topic, queue_id, offset, max_messages, DEFAULT_PULL_BYTES, None, build)
+        result = store.read_messages(
+            topic, queue_id, offset, max_messages, DEFAULT_PULL_BYTES, message_filter, build
+        )
         tm = self.metrics.topic(topic)
         if result.messages:
             tm.get_messages.inc(len(result.messages))

@@ -37,6 +37,7 @@ class TopicInfo(NamedTuple):
     write_queue_nums: int
     perm: int
     queues: list[QueueRange]
+    attributes: dict[str, str]
 
 
 class TopicAdminService:
@@ -71,6 +72,7 @@ class TopicAdminService:
                 QueueRange(q, store.min_offset(topic, q), store.max_offset(topic, q))
                 for q in range(cfg.queue_nums)
             ],
+            dict(cfg.attributes),
         )
 
     def readable(self, account: Account) -> list[TopicInfo]:
@@ -91,13 +93,15 @@ class TopicAdminService:
         read_queue_nums: int | None,
         write_queue_nums: int | None,
         perm: int,
+        attributes: dict[str, str | None] | None = None,
     ) -> TopicInfo:
-        """Create `topic` or change its queues/perm (admin, master only); None keeps the current
-        number (or the default for a new topic)."""
+        """Create `topic` or change its queues/perm/attributes (admin, master only); None keeps
+        the current number (or the default for a new topic). `attributes` are merged in (a None
+        value removes one); `message.type` is fixed once the topic exists."""
         validate_topic(topic)
         self.acl.authorize(account, admin=True)
         self.state.require_master()
-        await self.store.topics.create_or_update(topic, read_queue_nums, write_queue_nums, perm)
+        await self.store.topics.create_or_update(topic, read_queue_nums, write_queue_nums, perm, attributes)
         self.state.topics_changed()
         return self.info(topic)
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from broker.errors import BrokerError
+from broker.message import DispatchInfo
 
 TopicQueueTable = dict[tuple[str, int], int]
 """(topic, queueId) → the next queue offset to assign."""
@@ -67,6 +68,19 @@ class Dispatcher(Protocol):
         ...
 
 
+class DispatchHook(Protocol):
+    """A broker service that indexes the messages of one topic as they are dispatched, on every
+    member in log order (the timer queue, the transactions' half topic)."""
+
+    def tags_code(self, info: DispatchInfo) -> int:
+        """The consume-queue unit's tags code for this message (e.g. a timer's due time)."""
+        ...
+
+    def on_unit(self, info: DispatchInfo) -> None:
+        """A unit was written for this message (not for one the start-up rebuild already saw)."""
+        ...
+
+
 class CommitLog(Protocol):
     """The commit log as the store uses it, whatever replicates it."""
 
@@ -107,6 +121,11 @@ class CommitLog(Protocol):
     async def put(self, topic: str, queue_id: int, bufs: list[bytearray]) -> list[Placed]:
         """Append encoded messages of one queue; return once they are committed. BrokerError
         (NOT_MASTER naming the replication code, DISK_FULL, TIMEOUT with an unknown outcome …)."""
+        ...
+
+    async def put_many(self, bufs: list[bytearray]) -> list[Placed]:
+        """Append encoded messages of any topics and queues (each names its own) as ONE unit —
+        one DLedger entry: committed together or not at all — and return once committed."""
         ...
 
     def get_data(self, phys: int, size: int) -> memoryview:

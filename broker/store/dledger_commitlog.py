@@ -270,6 +270,21 @@ class DLedgerCommitLog:
                     phys += len(b)
         return out
 
+    async def put_many(self, bufs: list[bytearray]) -> list[Placed]:
+        """Messages of any topics and queues in ONE entry (the append hook stamps each from its
+        own bytes): committed together or not at all, on every member."""
+        try:
+            (result,) = await self.server.append([b"".join(bufs)])
+        except DLedgerException as exc:
+            raise self._broker_error(exc) from None
+        out = []
+        phys = result.pos + BODY_OFFSET
+        for b in bufs:
+            qid, qoff = self._stamped(phys)
+            out.append(Placed(phys, len(b), qid, qoff))
+            phys += len(b)
+        return out
+
     def _stamped(self, phys: int) -> tuple[int, int]:
         """(QUEUEID, QUEUEOFFSET) of the message at `phys`, as the append hook stamped them."""
         head = self.dstore.get_data(phys, QUEUE_OFFSET_POSITION + 8)

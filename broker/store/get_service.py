@@ -12,14 +12,13 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.errors import BrokerCode, BrokerError
 from broker.message import (
     FIXED_OVERHEAD,
     MESSAGE_MAGIC_CODE,
     PHY_POS_POSITION,
-    PROPERTY_TAGS,
     STORE_TIMESTAMP_POSITION,
     MessageExt,
     MessageHead,
@@ -27,16 +26,19 @@ from broker.message import (
     decode_message,
     message_ext_from,
     parse_message,
-    tags_hash_code,
 )
 from broker.store.base import CommitLog
 from broker.store.consume_queue import ConsumeQueue
 from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.topics import TopicConfigManager, validate_topic
 
+if TYPE_CHECKING:
+    from broker.filter import MessageFilter
+
 _LONG = struct.Struct(">q")
 _SIZE_AND_MAGIC = struct.Struct(">ii")
 MAX_PULL_MESSAGES = 1024
+FILTER_SCAN_UNITS = 1024  # consume-queue units a filtered read looks at before it answers
 DEFAULT_PULL_BYTES = 4 * 1024 * 1024
 
 BuildMessage = Callable[[memoryview, MessageHead, int, int], Any]
@@ -55,10 +57,6 @@ class GetResult:
 
 def _decode_ext(view: memoryview, head: MessageHead, topic_at: int, props_at: int) -> MessageExt:
     return message_ext_from(view, head, topic_at, props_at, head.physical_offset)  # checked by read_messages
-
-
-def _stored_tag(view: memoryview, props_at: int, total: int) -> str | None:
-    return bytes_to_properties(view[props_at + 2:total]).get(PROPERTY_TAGS)
 
 
 class GetMessageService:
@@ -99,13 +97,17 @@ class GetMessageService:
         return out
 
     def get_messages(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
-                     max_bytes: int = DEFAULT_PULL_BYTES, tags: set[str] | None = None) -> GetResult:
-        """Read committed messages from `offset`. `tags` (None = all) filters by tag, first by hash
-        code in the consume queue, then by the stored tag. OFFSET_OUT_OF_RANGE outside [min, max]."""
-        return self.read_messages(topic, queue_id, offset, max_messages, max_bytes, tags, _decode_ext)
+                     max_bytes: int = DEFAULT_PULL_BYTES,
+                     message_filter: MessageFilter | None = None) -> GetResult:
+        """Read committed messages from `offset`. `message_filter` (None = all; `broker.filter`) is
+        checked first on the consume-queue unit's tags code, then on the stored properties, so
+        a message that does not match is never returned; the units it skips still move
+        `next_offset`. OFFSET_OUT_OF_RANGE outside [min, max]."""
+        return self.read_messages(topic, queue_id, offset, max_messages, max_bytes, message_filter,
+                                  _decode_ext)
 
     def read_messages(self, topic: str, queue_id: int, offset: int, max_messages: int,
-                      max_bytes: int, tags: set[str] | None,
+                      max_bytes: int, message_filter: MessageFilter | None,
                       build: BuildMessage) -> GetResult:
         """`get_messages` with the per-message result made by `build(view, head, topic_at,
         props_at)` straight from the mapped bytes (the pull route builds its JSON there, with no
@@ -126,8 +128,10 @@ class GetMessageService:
                               f"{topic}/{queue_id}", minOffset=lo, maxOffset=hi)
         if cq is None or offset == hi:
             return GetResult([], offset, lo, hi)
-        codes = {tags_hash_code(t) for t in tags} if tags else None
-        scan = max_messages if codes is None else min(MAX_PULL_MESSAGES, max_messages * 16)
+        f = None if message_filter is None or message_filter.match_all else message_filter
+        # A filter reads on past what it skips, up to a budget (RocketMQ's maxFilterMessageSize):
+        # a pull whose filter matches nothing answers at once with next_offset moved on.
+        scan = max_messages if f is None else max(max_messages, FILTER_SCAN_UNITS)
         out: list[Any] = []
         size_sum = 0
         next_offset = offset
@@ -135,7 +139,7 @@ class GetMessageService:
         for phys, size, code in cq.get_units(offset, scan):
             if out and (len(out) >= max_messages or size_sum + size > max_bytes):
                 break
-            if size > 0 and (codes is None or code in codes):
+            if size > 0 and (f is None or f.accepts_code(code)):
                 try:
                     view = get_data(phys, size)
                     head, topic_at, props_at = parse_message(view, phys)
@@ -143,7 +147,7 @@ class GetMessageService:
                     if out:
                         break  # return what we have; the next pull meets the error
                     raise
-                if tags is None or _stored_tag(view, props_at, head.total_size) in tags:
+                if f is None or f.matches(bytes_to_properties(view[props_at + 2:head.total_size])):
                     out.append(build(view, head, topic_at, props_at))
                     size_sum += size
                 del view

@@ -27,14 +27,14 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.config import BrokerConfig
 from broker.errors import BrokerCode, BrokerError
 from broker.message import Message, MessageExt
 from broker.role import BrokerRoleState
 from broker.store import store_recovery
-from broker.store.base import CommitLog
+from broker.store.base import CommitLog, DispatchHook
 from broker.store.commitlog import LocalCommitLog
 from broker.store.consume_queue import ConsumeQueue
 from broker.store.consume_queue_store import ConsumeQueueStore, QueueKey
@@ -45,7 +45,16 @@ from broker.store.put_service import PutMessageService
 from broker.store.reput import ReputMessageService
 from broker.store.state_snapshot import StateSnapshotService
 from broker.store.system_state import BrokerMembers, ReplicatedState, SystemRecords
-from broker.topics import SYS_BROKER_MEMBERS, SYS_CONSUMER_OFFSETS, SYS_TOPIC_CONFIG, TopicConfigManager
+from broker.topics import (
+    SYS_BROKER_MEMBERS,
+    SYS_CONSUMER_OFFSETS,
+    SYS_TOPIC_CONFIG,
+    TopicConfigManager,
+    validate_topic,
+)
+
+if TYPE_CHECKING:
+    from broker.filter import MessageFilter
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +102,7 @@ class DefaultMessageStore:
         self._flush_task: asyncio.Task[None] | None = None
         self._checkpointed = -1
         self._stopping = asyncio.Event()
+        self._recovery_hooks: list[Callable[[], None]] = []
         self.started = False
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -117,6 +127,18 @@ class DefaultMessageStore:
                 keep = min(keep, pos)
         return keep
 
+    def register_dispatch_hook(self, topic: str, hook: DispatchHook) -> None:
+        """Let `hook` index the messages of `topic` (a broker topic) as they are dispatched, on
+        every member in log order, and choose their consume-queue tags code. Register before
+        `start()`; units already in the consume queue at start are the recovery hook's to read."""
+        validate_topic(topic, allow_system=True)
+        self.reput.hooks[topic] = hook
+
+    def register_recovery_hook(self, hook: Callable[[], None]) -> None:
+        """Call `hook()` at start once the consume queues are recovered and the system records
+        replayed, before dispatch resumes (a service rebuilds its index from its queues there)."""
+        self._recovery_hooks.append(hook)
+
     async def start(self) -> None:
         """Recover consume queues and the commit log, replay system records, start dispatching."""
         self.queues.load()
@@ -134,6 +156,8 @@ class DefaultMessageStore:
         self._register_topics_of_queues()
         store_recovery.rebuild_idempotency(self.queues, read, self.gets.store_time_of,
                                            self.config.idempotency_window_ms, self.reput.remember_idempotency)
+        for hook in self._recovery_hooks:
+            hook()
         try:
             await self.commit_log.start()
         except BaseException:
@@ -262,6 +286,10 @@ class DefaultMessageStore:
         """See `PutMessageService.put_messages`."""
         return self.puts.put_messages(topic, msgs, queue_id, _system=_system)
 
+    def put_messages_atomic(self, items: list[tuple[str, int | None, Message]]) -> Awaitable[list[PutResult]]:
+        """See `PutMessageService.put_atomic`."""
+        return self.puts.put_atomic(items)
+
     def append_system_record(self, sys_topic: str, record: dict[str, Any], *,
                              force: bool = False) -> Awaitable[None]:
         """See `PutMessageService.append_system_record`."""
@@ -293,14 +321,17 @@ class DefaultMessageStore:
         return self.gets.queue_offsets(topic)
 
     def get_messages(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
-                     max_bytes: int = DEFAULT_PULL_BYTES, tags: set[str] | None = None) -> GetResult:
+                     max_bytes: int = DEFAULT_PULL_BYTES,
+                     message_filter: MessageFilter | None = None) -> GetResult:
         """See `GetMessageService.get_messages`."""
-        return self.gets.get_messages(topic, queue_id, offset, max_messages, max_bytes, tags)
+        return self.gets.get_messages(topic, queue_id, offset, max_messages, max_bytes, message_filter)
 
     def read_messages(self, topic: str, queue_id: int, offset: int, max_messages: int,
-                      max_bytes: int, tags: set[str] | None, build: BuildMessage) -> GetResult:
+                      max_bytes: int, message_filter: MessageFilter | None,
+                      build: BuildMessage) -> GetResult:
         """See `GetMessageService.read_messages`."""
-        return self.gets.read_messages(topic, queue_id, offset, max_messages, max_bytes, tags, build)
+        return self.gets.read_messages(topic, queue_id, offset, max_messages, max_bytes, message_filter,
+                                       build)
 
     def look_message_by_offset(self, commit_log_offset: int, size: int | None = None) -> MessageExt:
         """See `GetMessageService.look_message_by_offset`."""

@@ -22,12 +22,19 @@ import orjson
 
 from broker.config import BrokerConfig
 from broker.errors import BrokerCode, BrokerError
-from broker.message import PROPERTY_UNIQ_KEY, Message, encode_batch, message_id_prefix, new_uniq_key
+from broker.message import (
+    PROPERTY_UNIQ_KEY,
+    Message,
+    encode_batch,
+    encode_message,
+    message_id_prefix,
+    new_uniq_key,
+)
 from broker.role import BrokerRoleState
-from broker.store.base import CommitLog
+from broker.store.base import CommitLog, Placed
 from broker.store.offsets import IdempotencyTable, PutResult
 from broker.store.reput import ReputMessageService
-from broker.topics import TopicConfig, TopicConfigManager, validate_topic
+from broker.topics import TopicConfig, TopicConfigManager, is_system_topic, validate_topic
 
 log = logging.getLogger("broker.store.message_store")
 
@@ -205,6 +212,46 @@ class PutMessageService:
                 BrokerCode.TIMEOUT, f"the first put with this idempotency key was interrupted "
                 f"({type(exc).__name__}); the outcome is unknown, retry", outcome="unknown"))
             raise
+        return await self._answer(placed)
+
+    async def put_atomic(self, items: list[tuple[str, int | None, Message]]) -> list[PutResult]:
+        """Store messages of several topics and queues — (topic, queue id or None, message) — in
+        ONE log entry: committed together or not at all, answered once committed and dispatched
+        here. Every topic must exist (a broker topic is registered on first use): no
+        auto-creation. No idempotency keys: the callers (a timer firing with its delete marker, a
+        transaction's commit with its op record) guard against repeats with replicated state.
+        Master only. Raises BrokerError; on an error nothing is stored."""
+        if not items:
+            raise BrokerError(BrokerCode.INVALID_REQUEST, "no messages to store", field="messages")
+        if not self.role.is_master:
+            raise self.not_master_error()
+        if not self.started:
+            raise BrokerError(BrokerCode.SERVICE_UNAVAILABLE, "store is starting")
+        bufs = []
+        for topic, queue_id, msg in items:
+            system = is_system_topic(topic)
+            validate_topic(topic, allow_system=system)
+            cfg = self.topics.get(topic)
+            if cfg is None and system:
+                self.topics.ensure_from_data(topic, 0)
+                cfg = self.topics.get(topic)
+            if cfg is None:
+                raise BrokerError(BrokerCode.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist", topic=topic)
+            cfg.check_writable()
+            bufs.append(encode_message(msg, queue_id=self._choose_queue(cfg, queue_id), queue_offset=0,
+                                       phys_offset=0, store_host=self.config.broker_addr,
+                                       max_message_size=self.config.max_message_size))
+        try:
+            placed = await self.commit_log.put_many(bufs)
+        except BrokerError as exc:
+            if exc.code != BrokerCode.NOT_MASTER:
+                raise
+            err = self.not_master_error()
+            err.detail = f"{err.detail} ({exc.detail})"
+            raise err from None
+        return await self._answer(placed)
+
+    async def _answer(self, placed: list[Placed]) -> list[PutResult]:
         # Committed; also wait (briefly) for our own dispatcher so a pull right after the answer
         # sees the messages (the local log has dispatched them already). A slow dispatch never
         # fails the put.

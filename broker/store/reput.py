@@ -33,7 +33,7 @@ from broker.message import (
     topic_name,
     unpack_host,
 )
-from broker.store.base import TopicQueueTable
+from broker.store.base import DispatchHook, TopicQueueTable
 from broker.store.consume_queue import ConsumeQueue
 from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.store.long_polling import LongPollingService
@@ -73,6 +73,8 @@ class ReputMessageService:
         self._queue_map = queues.queues
         self._system_topics = system.topics
         self._poll_waiting = long_polling.waiting
+        # topic -> the broker service that indexes its messages (timer queue, half topic)
+        self.hooks: dict[str, DispatchHook] = {}
         self.reput_offset = 0  # everything below this commit-log offset is dispatched
         self.recovered_end = 0  # end of the furthest consume queue at start (all of it committed)
         # Puts/records waiting for the dispatcher to pass their end: a min-heap on the commit-log
@@ -148,10 +150,11 @@ class ReputMessageService:
         props_raw = bytes(data[props_at + 2:size])
         info = None
         tags_code = 0
-        if TAGS_MARK in props_raw or IDEMPOTENCY_MARK in props_raw:  # else: neither is there
+        hook = self.hooks.get(topic)
+        if hook is not None or TAGS_MARK in props_raw or IDEMPOTENCY_MARK in props_raw:  # else: none there
             info = DispatchInfo(topic, queue_id, queue_offset, head.physical_offset, size,
                                 head.store_timestamp, unpack_host(head.store_ip, head.store_port), props_raw)
-            tags_code = info.tags_code
+            tags_code = info.tags_code if hook is None else hook.tags_code(info)
         self.topics.ensure_from_data(topic, queue_id)
         key = (topic, queue_id)
         cq = self._queue_map.get(key)
@@ -163,6 +166,9 @@ class ReputMessageService:
             table[key] = queue_offset + 1
         if written and topic in self._system_topics:  # a unit already present was applied at start
             self.system.apply(topic, phys, data)
+        if written and hook is not None:
+            assert info is not None
+            hook.on_unit(info)
         if info is not None and info.idempotency_key:
             self.remember_idempotency(info)
         self.reput_offset = phys + size
@@ -231,7 +237,7 @@ class ReputMessageService:
                 raw = bytes(data[topic_at + 1:topic_at + 1 + data[topic_at]])
                 topic = topic_name(raw)
                 run_cq = self._queue_map.get((topic, queue_id))
-                if run_cq is not None and topic not in self._system_topics:
+                if run_cq is not None and topic not in self._system_topics and topic not in self.hooks:
                     run_sig, run_tail = plain_tail_signature(raw)
                     sig_len = len(run_sig)
                     run_topic, run_topic_f = topic, run_sig[:1 + len(raw)]

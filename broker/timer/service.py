@@ -79,6 +79,7 @@ _ENTRY_BYTES = 192 * 1024  # one fire entry: real messages + markers, under DLed
 _IDLE_S = 1.0  # the fire loop looks again at least this often
 _RETRY_S = 1.0  # after a fire the store refused
 _FOLLOWER_GRACE_MS = 10_000  # a follower drops fired timers of slots this long past
+_FLOOR_EVERY_MS = 60_000  # how often the retired-timer bitmap is cut at the oldest pending timer
 _RECALL_VERSION = "v1"
 # A real topic that refuses the delivered message for good: the timer is retired without it.
 _UNDELIVERABLE = frozenset({BrokerCode.TOPIC_NOT_EXIST, BrokerCode.NO_PERMISSION, BrokerCode.QUEUE_NOT_EXIST})
@@ -133,6 +134,7 @@ class TimerService:
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._term = -2
+        self._floor_raised_ms = 0
 
     # ---- admission ---------------------------------------------------------------------------
 
@@ -259,7 +261,26 @@ class TimerService:
         rebuild, and role changes."""
         self.store.register_dispatch_hook(TIMER_TOPIC, self)
         self.store.register_recovery_hook(self.rebuild)
+        self.store.register_retention_floor(self.retention_floor)
         self.store.role.add_listener(self._on_role_change)
+
+    def retention_floor(self) -> int | None:
+        """Retention keeps the log from the oldest pending timer on (its message is the timer).
+        None: no timer pending."""
+        cq = self.store.consume_queues.get((TIMER_TOPIC, 0))
+        if cq is None or not len(self.index):
+            return None
+        lwm = self.index.low_water_mark(cq.max_offset)
+        return cq.get_unit(lwm)[0] if cq.min_offset <= lwm < cq.max_offset else None
+
+    def _raise_floor(self, now: int) -> None:
+        """Now and then: forget the retirement bits below the oldest pending timer."""
+        if now - self._floor_raised_ms < _FLOOR_EVERY_MS:
+            return
+        self._floor_raised_ms = now
+        cq = self.store.consume_queues.get((TIMER_TOPIC, 0))
+        if cq is not None:
+            self.index.raise_floor(max(self.index.low_water_mark(cq.max_offset), cq.min_offset))
 
     def _on_role_change(self, *_: object) -> None:
         """Any role change: whatever was in flight goes back to pending (its marker, if its entry
@@ -287,6 +308,7 @@ class TimerService:
         """Fire what is due; returns how long to sleep (0: go on at once)."""
         now = self.clock_ms()
         store = self.store
+        self._raise_floor(now)
         if not store.is_master:
             self.index.compact(now, _FOLLOWER_GRACE_MS)
             return _IDLE_S

@@ -145,14 +145,45 @@ class TransactionService:
         self.checks_sent = 0
         self.discarded = 0
         self._ending: dict[str, asyncio.Future[None]] = {}
+        self.scan_from = 0  # the half queue's first offset to rebuild from (from a state snapshot)
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
     def install(self) -> None:
-        """Hook into the store (before it starts)."""
+        """Hook into the store (before it starts): the half topic's dispatch, the op records (as
+        replicated state, in the store's state snapshots), the start-up rebuild, and a retention
+        floor at the oldest open half."""
         self.store.register_dispatch_hook(HALF_TOPIC, self)
-        self.store.register_system_handler(OP_TOPIC, self.table.apply_record)
+        self.store.register_system_state(OP_TOPIC, self)
         self.store.register_recovery_hook(self.rebuild)
+        self.store.register_retention_floor(self.retention_floor)
+
+    # ---- replicated state (the store's ReplicatedState) -----------------------------------------
+
+    def apply_record(self, record: dict[str, Any]) -> None:
+        self.table.apply_record(record)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The op-record state, and where the halves still to be read start: halves below are
+        resolved and their op records may be gone once the snapshot replaces them."""
+        return {**self.table.snapshot(), "halvesFrom": self.table.low_water_mark(self._half_queue_end())}
+
+    def restore(self, snapshot: dict[str, Any] | None) -> None:
+        self.table.restore(snapshot or {})
+        if snapshot:
+            self.scan_from = max(self.scan_from, int(snapshot.get("halvesFrom", 0)))
+
+    def _half_queue_end(self) -> int:
+        cq = self.store.consume_queues.get((HALF_TOPIC, 0))
+        return cq.max_offset if cq is not None else 0
+
+    def retention_floor(self) -> int | None:
+        """Retention keeps the log from the oldest open half on (None: no transaction open)."""
+        cq = self.store.consume_queues.get((HALF_TOPIC, 0))
+        if cq is None:
+            return None
+        lwm = self.table.low_water_mark(cq.max_offset)
+        return cq.get_unit(lwm)[0] if cq.min_offset <= lwm < cq.max_offset else None
 
     # ---- admission -----------------------------------------------------------------------------
 
@@ -205,7 +236,7 @@ class TransactionService:
         cq = self.store.consume_queues.get((HALF_TOPIC, 0))
         found = 0
         if cq is not None:
-            offset = cq.min_offset
+            offset = max(cq.min_offset, min(self.scan_from, cq.max_offset))
             while offset < cq.max_offset:
                 units = cq.get_units(offset, min(4096, cq.max_offset - offset))
                 for i, (phys, size, _) in enumerate(units):

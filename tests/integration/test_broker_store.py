@@ -15,6 +15,7 @@ import pytest
 
 from broker.config import BrokerConfig
 from broker.errors import BrokerCode, BrokerError
+from broker.filter import TagFilter
 from broker.message import Message, decode_message_id
 from broker.store.message_store import DefaultMessageStore
 from tests.ports import free_port
@@ -89,7 +90,7 @@ async def test_consume_queue_tags_and_time(store):
     for i in range(6):
         await store.put_messages("T", [Message("T", b"x%d" % i, tags="even" if i % 2 == 0 else "odd")], 0)
         await asyncio.sleep(0.01)
-    got = store.get_messages("T", 0, 0, 10, tags={"odd"})
+    got = store.get_messages("T", 0, 0, 10, message_filter=TagFilter("odd"))
     assert [m.body for m in got.messages] == [b"x1", b"x3", b"x5"] and got.next_offset == 6
     mid = store.look_message_by_offset(store.get_messages("T", 0, 3, 1).messages[0].commit_log_offset)
     assert store.offset_for_timestamp("T", 0, mid.store_timestamp) == 3

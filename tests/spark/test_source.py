@@ -318,3 +318,21 @@ def test_bad_options_fail_clearly(spark, cluster):
             .start()
             .awaitTermination(30)
         )
+
+
+def test_tag_filter_option_reads_only_the_matching_messages(spark, cluster, topic_name):
+    # filtered on the broker: the skipped offsets are gaps, the read still ends at the range's end
+    cluster.create_topic(topic_name, queues=2)
+    cluster._post(topic_name, [{"body": f"m{i}", "tags": "TagA" if i % 3 == 0 else "TagB", "queueId": i % 2}
+                               for i in range(90)])
+    df = (
+        spark.read.format("ledgermq")
+        .option("namesrvAddr", cluster.namesrv)
+        .option("topic", topic_name)
+        .option("filterType", "TAG")
+        .option("filterExpression", "TagA")
+        .load()
+    )
+    rows = df.select("tags", "value").collect()
+    assert sorted(bytes(r.value).decode() for r in rows) == sorted(f"m{i}" for i in range(0, 90, 3))
+    assert {r.tags for r in rows} == {"TagA"}
