@@ -115,23 +115,24 @@ def pct(values: list[int], p: float) -> int:
     return values[min(len(values) - 1, int(p * len(values)))]
 
 
-def bench_delay(n: int = 10_000) -> list[dict[str, Any]]:
+def bench_delay(n: int = 10_000, spread_ms: int = 60_000) -> list[dict[str, Any]]:
     s = BrokerSet({})
     try:
         s.topic("delay", "DELAY")
         t0 = int(time.time() * 1000) + 8_000
         spread = [
-            [{"body": f"d{i}", "deliverAt": t0 + (i * 7919) % 5000} for i in range(j, j + 100)]
+            [{"body": f"d{i}", "deliverAt": t0 + (i * 7919) % spread_ms} for i in range(j, j + 100)]
             for j in range(0, n, 100)
         ]
         secs = asyncio.run(produce(s.url, "delay", spread))
         assert int(time.time() * 1000) < t0, "produce took longer than the head start"
-        seen = asyncio.run(watch(s.url, "delay", 4, n, 60))
+        seen = asyncio.run(watch(s.url, "delay", 4, n, spread_ms / 1000 + 60))
         store_late = [st - due for due, st, _ in seen]
         seen_late = [now - due for due, _, now in seen]
         rows = [
             {
                 "bench": "delay_spread",
+                "due_over_s": spread_ms // 1000,
                 "timers": n,
                 "produce_per_s": round(n / secs),
                 "early": sum(1 for v in store_late if v < 0),

@@ -77,7 +77,8 @@ class DispatchHook(Protocol):
         ...
 
     def on_unit(self, info: DispatchInfo) -> None:
-        """A unit was written for this message (not for one the start-up rebuild already saw)."""
+        """A unit was written for this message (not for one the start-up rebuild already saw);
+        `info.tags_code` is what `tags_code` chose."""
         ...
 
 

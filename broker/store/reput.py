@@ -154,7 +154,9 @@ class ReputMessageService:
         if hook is not None or TAGS_MARK in props_raw or IDEMPOTENCY_MARK in props_raw:  # else: none there
             info = DispatchInfo(topic, queue_id, queue_offset, head.physical_offset, size,
                                 head.store_timestamp, unpack_host(head.store_ip, head.store_port), props_raw)
-            tags_code = info.tags_code if hook is None else hook.tags_code(info)
+            if hook is not None:
+                info.tags_code = hook.tags_code(info)  # the hook's on_unit reads it back
+            tags_code = info.tags_code
         self.topics.ensure_from_data(topic, queue_id)
         key = (topic, queue_id)
         cq = self._queue_map.get(key)

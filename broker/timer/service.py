@@ -205,7 +205,7 @@ class TimerService:
 
     def on_unit(self, info: DispatchInfo) -> None:
         """A timer-queue message was dispatched: a timer to index, or a marker retiring one."""
-        code = self.tags_code(info)
+        code = info.tags_code  # = tags_code(info), set by the dispatcher
         if code < 0:
             self.index.remove(-code - 1)
             return
