@@ -58,7 +58,10 @@ MAX_TRANSACTION_ID_LENGTH = 128
 _HALF_ONLY = frozenset({PROPERTY_TRANSACTION_PREPARED, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID,
                         PROPERTY_CHECK_IMMUNITY_S, "TAGS", "KEYS", "IDEMPOTENCY_KEY"})
 _CHECK_PERIOD_S = 1.0
-_RESOLVED_KEEP_MS = 3_600_000  # a resolved transaction answers a repeated end for an hour
+# A resolved transaction answers a repeated end for this long (then TRANSACTION_NOT_FOUND): what
+# every member keeps of it is bounded by the transaction rate times this window.
+_RESOLVED_KEEP_MS = 300_000
+_PRUNE_EVERY_MS = 10_000
 _MAX_QUEUED_CHECKS = 10_000  # per producer group, waiting for a producer to ask
 _CHECKS_PER_ROUND = 2_000  # transactions asked about in one round (one record)
 
@@ -146,6 +149,7 @@ class TransactionService:
         self.discarded = 0
         self._ending: dict[str, asyncio.Future[None]] = {}
         self.scan_from = 0  # the half queue's first offset to rebuild from (from a state snapshot)
+        self._pruned_ms = 0
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
@@ -345,6 +349,7 @@ class TransactionService:
                 return
             except TimeoutError:
                 pass
+            self.prune(self.clock_ms())  # every member: resolved transactions leave memory
             if not self.store.is_master:
                 continue
             try:
@@ -381,5 +386,11 @@ class TransactionService:
             check = TransactionCheck(half.txid, half.topic, half.producer_group, half.check_times, ext)
             self.hub.offer(check)
             self.checks_sent += 1
-        if plan.check or plan.discard:
-            self.table.prune(self.table.low_water_mark(1 << 62), now - _RESOLVED_KEEP_MS)
+
+    def prune(self, now: int) -> None:
+        """Now and then: forget transactions resolved `_RESOLVED_KEEP_MS` ago (below the oldest
+        open half, so a start-up rescan from a state snapshot never meets them again)."""
+        if now - self._pruned_ms < _PRUNE_EVERY_MS:
+            return
+        self._pruned_ms = now
+        self.table.prune(self.table.low_water_mark(1 << 62), now - _RESOLVED_KEEP_MS)

@@ -84,6 +84,7 @@ class TransactionTable:
 
     def __init__(self) -> None:
         self._by_id: dict[str, HalfMessage] = {}
+        self._open: dict[str, HalfMessage] = {}  # the OPEN ones (what the check rounds walk)
         # Op records met before their half: at start the op records are replayed before the half
         # queue is scanned. Those whose half is never found (below the scan's start) are dropped.
         self._early: dict[str, list[dict[str, Any]]] = {}
@@ -95,6 +96,8 @@ class TransactionTable:
         if half.txid in self._by_id:
             return  # the same half seen by the start-up scan and the dispatcher
         self._by_id[half.txid] = half
+        if half.state is TransactionState.OPEN:
+            self._open[half.txid] = half
         for record in self._early.pop(half.txid, ()):
             self.apply_record(record)
 
@@ -129,6 +132,7 @@ class TransactionTable:
                 if half.state is not TransactionState.OPEN:
                     return  # the first end wins
                 half.state = OUTCOME_STATE[Resolution(record["outcome"])]
+                self._open.pop(txid, None)
                 half.resolved_ms = int(record.get("atMs", 0))
                 half.from_check = bool(record.get("fromCheck", False))
             else:
@@ -142,16 +146,14 @@ class TransactionTable:
         return self._by_id.get(txid)
 
     def open_count(self) -> int:
-        return sum(1 for h in self._by_id.values() if h.state is TransactionState.OPEN)
+        return len(self._open)
 
     def due_checks(self, now_ms: int, timeout_ms: int, interval_ms: int, check_max: int) -> CheckPlan:
         """Open transactions to ask about now (older than `timeout_ms`, or their immunity, and not
         asked within `interval_ms`), and those asked `check_max` times already (to discard)."""
         check: list[HalfMessage] = []
         discard: list[HalfMessage] = []
-        for half in self._by_id.values():
-            if half.state is not TransactionState.OPEN:
-                continue
+        for half in self._open.values():
             if now_ms - half.store_ms < max(timeout_ms, half.immunity_ms):
                 continue
             if half.last_check_ms and now_ms - half.last_check_ms < interval_ms:
@@ -161,8 +163,7 @@ class TransactionTable:
 
     def low_water_mark(self, next_offset: int) -> int:
         """The lowest half-queue offset still open (`next_offset` if none is)."""
-        return min((h.offset for h in self._by_id.values() if h.state is TransactionState.OPEN),
-                   default=next_offset)
+        return min((h.offset for h in self._open.values()), default=next_offset)
 
     def prune(self, before_offset: int, resolved_before_ms: int) -> int:
         """Forget resolved transactions below `before_offset` resolved before `resolved_before_ms`
@@ -197,6 +198,7 @@ class TransactionTable:
         for half in self._by_id.values():
             half.state, half.check_times, half.last_check_ms = TransactionState.OPEN, 0, 0
             half.resolved_ms, half.from_check = 0, False
+        self._open = dict(self._by_id)
         for recs in records.values():
             for record in recs:
                 self.apply_record(record)
