@@ -241,15 +241,25 @@ class PutMessageService:
             bufs.append(encode_message(msg, queue_id=self._choose_queue(cfg, queue_id), queue_offset=0,
                                        phys_offset=0, store_host=self.config.broker_addr,
                                        max_message_size=self.config.max_message_size))
+        if not any(topic in self.reput.system for topic, _, _ in items):
+            return await self._answer(await self._put_many(bufs))
+        # A system record among them (a transaction's op record): a system-record write, held
+        # back while a state snapshot is taken, so the snapshot is the state at its place.
+        async with self.system_gate.write():
+            placed = await self._put_many(bufs)
+            results = await self._answer(placed)
+            await self.reput.wait_dispatched(placed[-1].phys + placed[-1].size)
+            return results
+
+    async def _put_many(self, bufs: list[bytearray]) -> list[Placed]:
         try:
-            placed = await self.commit_log.put_many(bufs)
+            return await self.commit_log.put_many(bufs)
         except BrokerError as exc:
             if exc.code != BrokerCode.NOT_MASTER:
                 raise
             err = self.not_master_error()
             err.detail = f"{err.detail} ({exc.detail})"
             raise err from None
-        return await self._answer(placed)
 
     async def _answer(self, placed: list[Placed]) -> list[PutResult]:
         # Committed; also wait (briefly) for our own dispatcher so a pull right after the answer

@@ -180,25 +180,22 @@ class TransactionTable:
     # ---- snapshot (the store's in-log state snapshots) ----------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """Check counts and outcomes (the halves themselves are messages: rescanned at start)."""
-        return {"tx": {t: [h.state.value, h.check_times, h.last_check_ms, h.resolved_ms, h.from_check]
-                       for t, h in self._by_id.items()
-                       if h.state is not TransactionState.OPEN or h.check_times}}
+        """Every transaction known (each half's place and the op records' outcome and counts):
+        a snapshot replaces the op records before it, and the halves below the oldest open one
+        are not read again at start."""
+        return {"tx": {t: [h.state.value, h.check_times, h.last_check_ms, h.resolved_ms, h.from_check,
+                           h.offset, h.phys, h.size, h.producer_group, h.topic, h.store_ms, h.immunity_ms]
+                       for t, h in self._by_id.items()}}
 
     def restore(self, snapshot: dict[str, Any]) -> None:
-        """Replace the op-record state by a snapshot's (halves are kept: they are messages)."""
+        """Replace the whole state by a snapshot's."""
         self._early.clear()
-        records: dict[str, list[dict[str, Any]]] = {}
-        for txid, (state, times, last, resolved, from_check) in snapshot.get("tx", {}).items():
-            recs = records[txid] = [{"op": "check", "txid": txid, "times": times, "atMs": last}]
-            if state != TransactionState.OPEN.value:
-                outcome = next(r for r, s in OUTCOME_STATE.items() if s.value == state)
-                recs.append({"op": "end", "txid": txid, "outcome": outcome.value, "atMs": resolved,
-                             "fromCheck": from_check})
-        for half in self._by_id.values():
-            half.state, half.check_times, half.last_check_ms = TransactionState.OPEN, 0, 0
-            half.resolved_ms, half.from_check = 0, False
-        self._open = dict(self._by_id)
-        for recs in records.values():
-            for record in recs:
-                self.apply_record(record)
+        self._by_id.clear()
+        self._open.clear()
+        for txid, row in snapshot.get("tx", {}).items():
+            state, times, last, resolved, from_check, offset, phys, size, group, topic, store_ms, immune = row
+            half = HalfMessage(txid, offset, phys, size, group, topic, store_ms, immune,
+                               TransactionState(state), times, last, resolved, from_check)
+            self._by_id[txid] = half
+            if half.state is TransactionState.OPEN:
+                self._open[txid] = half

@@ -124,3 +124,30 @@ async def test_check_back_counts_then_discards_and_survives_restart(cfg: BrokerC
         assert visible(ctl.store) == [b"answered-by-check"]
     finally:
         await ctl.shutdown()
+
+
+async def test_a_state_snapshot_mid_way_keeps_every_outcome_and_the_halves_to_rescan(
+    cfg: BrokerConfig,
+) -> None:
+    # The store re-writes all replicated state as a snapshot (ahead of retention) and, at start,
+    # restores the last one before the records after it; the transactions' op state is in it.
+    clock = Clock()
+    ctl, tx = await open_with_tx(cfg, clock)
+    await ctl.store.topics.create_or_update("T", 1, 1)
+    done, left = await half(tx, b"committed-before"), await half(tx, b"open-across")
+    assert await tx.end("T", done, "COMMIT") is TransactionState.COMMITTED
+    await ctl.store.snapshots.write()
+    late = await half(tx, b"committed-after")
+    assert await tx.end("T", late, "COMMIT") is TransactionState.COMMITTED
+    await ctl.shutdown()
+    ctl, tx = await open_with_tx(cfg, clock)
+    try:
+        assert tx.table.get(done).state is TransactionState.COMMITTED
+        assert tx.table.get(late).state is TransactionState.COMMITTED
+        assert tx.table.get(left).state is TransactionState.OPEN
+        assert visible(ctl.store) == [b"committed-before", b"committed-after"]
+        with pytest.raises(BrokerError) as err:
+            await tx.end("T", done, "ROLLBACK")
+        assert err.value.code == BrokerCode.TRANSACTION_CONFLICT
+    finally:
+        await ctl.shutdown()
