@@ -27,6 +27,7 @@ from broker.message import PROPERTY_UNIQ_KEY, Message
 from broker.message_type import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELAY_SEC,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TRANSACTION_PREPARED,
     TopicMessageType,
@@ -36,10 +37,42 @@ from broker.message_type import (
 )
 from broker.store.offsets import PutResult
 from broker.subscription import SubscriptionGroupManager
-from broker.timer.service import TIMER_TOPIC, TimerService
-from broker.transaction.service import HALF_TOPIC, PROPERTY_PRODUCER_GROUP, TransactionService
+from broker.timer.service import PROPERTY_TIMER_OUT_MS, TIMER_TOPIC, TimerService
+from broker.transaction.service import (
+    HALF_TOPIC,
+    PROPERTY_CHECK_IMMUNITY_S,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TRANSACTION_ID,
+    TransactionService,
+)
 
 _AS_IS_TOPICS = (TopicMessageType.NORMAL, TopicMessageType.MIXED)
+
+# The properties the message model reads or writes: a front-end that carries a message's type in
+# fields of its own (gRPC's message_group, delivery_timestamp, message_type) keeps them out of
+# the user properties it shows.
+MODEL_PROPERTIES = frozenset({
+    PROPERTY_SHARDING_KEY, PROPERTY_TRANSACTION_PREPARED, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_ID,
+    PROPERTY_CHECK_IMMUNITY_S, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TIMER_OUT_MS,
+    PROPERTY_DELAY_TIME_LEVEL, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_SEC,
+})
+
+
+class MessageShape(NamedTuple):
+    """What a stored message is, in a front-end's terms: its type, its message group and the time
+    it was due (a delayed message), from its properties."""
+
+    message_type: TopicMessageType
+    message_group: str | None
+    deliver_at_ms: int | None
+
+
+def message_shape(properties: dict[str, str]) -> MessageShape:
+    due = properties.get(PROPERTY_TIMER_DELIVER_MS) or properties.get(PROPERTY_TIMER_OUT_MS)
+    return MessageShape(message_type_of(properties), properties.get(PROPERTY_SHARDING_KEY),
+                        int(due) if due is not None and due.isdigit() else None)
 
 
 class SendResult(NamedTuple):

@@ -17,6 +17,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from broker.errors import BrokerCode, BrokerError, invalid
 from broker.grpc.protocol import pb
 from broker.message import PROPERTY_UNIQ_KEY, Message, MessageExt
+from broker.message_model import MODEL_PROPERTIES, message_shape, typed_properties
+from broker.message_type import TopicMessageType
 from broker.service.validation import MAX_CLIENT_ID_LENGTH as MAX_MESSAGE_ID_LENGTH
 from broker.service.validation import check_message
 
@@ -101,8 +103,67 @@ def to_message(m: pb.Message, where: str, max_body_bytes: int, peer: str) -> Mes
         born_host=f"{born_ip}:0",
     )
     check_message(msg, where, max_body_bytes)  # user properties may not name UNIQ_KEY & co.
+    msg.properties.update(_typed(m, where))
     msg.properties[PROPERTY_UNIQ_KEY] = message_id
     return msg
+
+
+# The protocol's message types as the message model's (LITE and PRIORITY are not served).
+_TYPES = {
+    pb.MESSAGE_TYPE_UNSPECIFIED: None,
+    pb.NORMAL: TopicMessageType.NORMAL,
+    pb.FIFO: TopicMessageType.FIFO,
+    pb.DELAY: TopicMessageType.DELAY,
+    pb.TRANSACTION: TopicMessageType.TRANSACTION,
+}
+_PB_TYPES = {t: p for p, t in _TYPES.items() if t is not None}
+
+
+def _typed(m: pb.Message, where: str) -> dict[str, str]:
+    """The message-model properties of a sent message (`broker.message_model.typed_properties`):
+    its `message_group`, `delivery_timestamp` and TRANSACTION type. The fields must agree with
+    `message_type` (the clients set both): a FIFO message has a group, a DELAY one a time. Which
+    types a topic takes is the message model's rule (MESSAGE_TYPE_MISMATCH), not checked here.
+    The producer group of a gRPC transaction is its topic (RocketMQ's proxy)."""
+    sp = m.system_properties
+    if sp.message_type not in _TYPES:
+        name = pb.MessageType.Name(sp.message_type) if sp.message_type in pb.MessageType.values() else None
+        if name is None:
+            raise invalid(f"{where}.messageType", f"unknown message type {sp.message_type}")
+        raise BrokerError(
+            BrokerCode.MESSAGE_ILLEGAL,
+            f"{where}: {name} messages are not supported",
+            field=f"{where}.messageType",
+        )
+    kind = _TYPES[sp.message_type]
+    group = sp.message_group if sp.HasField("message_group") else None
+    due = millis(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None
+    if kind is TopicMessageType.FIFO and not group:
+        raise BrokerError(
+            BrokerCode.ILLEGAL_MESSAGE_GROUP,
+            f"{where}: a FIFO message needs a message_group",
+            field=f"{where}.messageGroup",
+        )
+    if kind is TopicMessageType.DELAY and due is None:
+        raise BrokerError(
+            BrokerCode.ILLEGAL_DELIVERY_TIME,
+            f"{where}: a DELAY message needs a delivery_timestamp",
+            field=f"{where}.deliveryTimestamp",
+        )
+    plain = kind in (TopicMessageType.NORMAL, TopicMessageType.TRANSACTION)
+    if plain and (group is not None or due is not None):
+        raise BrokerError(
+            BrokerCode.MESSAGE_TYPE_MISMATCH,
+            f"{where}: a {kind.value} message has no message_group or delivery_timestamp",
+            field=f"{where}.messageType",
+        )
+    transactional = kind is TopicMessageType.TRANSACTION
+    return typed_properties(
+        deliver_at_ms=due,
+        message_group=group or None,
+        transactional=transactional,
+        producer_group=m.topic.name if transactional else None,
+    )
 
 
 def message_id_of(msg: MessageExt) -> str:
@@ -118,16 +179,20 @@ def from_message(
     receipt_handle: str,
     delivery_attempt: int,
     invisible_ms: int,
+    topic: str | None = None,
 ) -> pb.Message:
     """A stored message as delivered by ReceiveMessage (body digest MD5 upper-case hex, as the
-    proxy sends: the Node client throws without a digest, the Python one checks it)."""
+    proxy sends: the Node client throws without a digest, the Python one checks it); its type,
+    message group and delivery time in their fields. `topic` names it otherwise than where it is
+    stored (a transaction's half, shown to its producer's checker under its real topic)."""
     body = bytes(msg.body)
+    shape = message_shape(msg.properties)
     sp = pb.SystemProperties(
         keys=msg.keys,
         message_id=message_id_of(msg),
         body_digest=pb.Digest(type=pb.MD5, checksum=hashlib.md5(body).hexdigest().upper()),
         body_encoding=pb.IDENTITY,
-        message_type=pb.NORMAL,
+        message_type=_PB_TYPES.get(shape.message_type, pb.NORMAL),
         born_timestamp=timestamp(msg.born_timestamp),
         born_host=msg.born_host.rpartition(":")[0],
         store_timestamp=timestamp(msg.store_timestamp),
@@ -140,9 +205,13 @@ def from_message(
     )
     if msg.tags is not None:
         sp.tag = msg.tags
+    if shape.message_group is not None:
+        sp.message_group = shape.message_group
+    if shape.deliver_at_ms is not None:
+        sp.delivery_timestamp.CopyFrom(timestamp(shape.deliver_at_ms))
     return pb.Message(
-        topic=pb.Resource(resource_namespace=namespace, name=msg.topic),
-        user_properties=msg.user_properties,
+        topic=pb.Resource(resource_namespace=namespace, name=topic or msg.topic),
+        user_properties={k: v for k, v in msg.user_properties.items() if k not in MODEL_PROPERTIES},
         system_properties=sp,
         body=body,
     )

@@ -30,6 +30,7 @@ import httpx
 from broker.errors import BrokerCode, BrokerError
 from broker.grpc.protocol import pb
 from broker.grpc.settings import PRODUCER_MAX_ATTEMPTS
+from broker.message_type import TopicMessageType, topic_message_type
 from broker.topics import PERM_READ, PERM_WRITE
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,22 @@ NAMESRV_TIMEOUT_S = 2.0
 MASTER_CACHE_S = 1.0
 # ... and while a forwarded call waits for a master other than the one that just failed.
 RETRY_CACHE_S = 0.2
-# Message types a topic accepts until topics carry RocketMQ 5's `message.type` attribute.
+# Message types a topic accepts, by its `message.type` attribute (`broker.message_type`): the
+# clients check a send against them before it leaves (Python's validate_message_type).
 ACCEPT_TYPES = (pb.NORMAL,)
+_ACCEPT_BY_TYPE = {
+    TopicMessageType.NORMAL: ACCEPT_TYPES,
+    TopicMessageType.FIFO: (pb.FIFO,),
+    TopicMessageType.DELAY: (pb.DELAY,),
+    TopicMessageType.TRANSACTION: (pb.TRANSACTION,),
+    TopicMessageType.MIXED: (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION),
+}
+
+
+def accept_types(attributes: Any) -> tuple[int, ...]:
+    """The message types of a topic with these attributes (None: a topic this broker does not
+    hold: NORMAL)."""
+    return _ACCEPT_BY_TYPE[topic_message_type(attributes)]
 
 
 @dataclass(frozen=True)
@@ -94,7 +109,9 @@ def _permission(perm: int, readable: bool, writable: bool) -> int:
     return pb.NONE
 
 
-def message_queues(topic: pb.Resource, routes: list[BrokerRoute]) -> list[pb.MessageQueue]:
+def message_queues(
+    topic: pb.Resource, routes: list[BrokerRoute], accept: tuple[int, ...] = ACCEPT_TYPES
+) -> list[pb.MessageQueue]:
     """One MessageQueue per queue id of each set (broker id 0: the master), as RocketMQ's proxy
     splits read and write queues."""
     out = []
@@ -111,13 +128,15 @@ def message_queues(topic: pb.Resource, routes: list[BrokerRoute]) -> list[pb.Mes
                     id=qid,
                     permission=_permission(r.perm, qid < r.read_queue_nums, qid < r.write_queue_nums),
                     broker=brokers[addr],
-                    accept_message_types=ACCEPT_TYPES,
+                    accept_message_types=accept,
                 )
             )
     return out
 
 
-def assignments(topic: pb.Resource, routes: list[BrokerRoute]) -> list[pb.Assignment]:
+def assignments(
+    topic: pb.Resource, routes: list[BrokerRoute], accept: tuple[int, ...] = ACCEPT_TYPES
+) -> list[pb.Assignment]:
     """QueryAssignment: one assignment per readable set, queue id -1 (the broker receives across
     all its queues, as RocketMQ's proxy does for non-FIFO groups), at the master: a push consumer
     asks again every 5 s, so after a failover it moves to the new master by itself."""
@@ -128,7 +147,7 @@ def assignments(topic: pb.Resource, routes: list[BrokerRoute]) -> list[pb.Assign
                 id=-1,
                 permission=_permission(r.perm, True, True),
                 broker=pb.Broker(name=r.broker_name, id=0, endpoints=endpoints(r.grpc_addr)),
-                accept_message_types=ACCEPT_TYPES,
+                accept_message_types=accept,
             )
         )
         for r in routes

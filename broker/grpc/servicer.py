@@ -5,13 +5,19 @@ request into the services' values (`convert.py`), call one service, convert the 
 `BrokerError` into a `Status` (`status.py`). Produce, idempotency, pop/ack, ACL rights and
 metrics are the services'; nothing here decides what a message or a consumer may do.
 
-Message-model RPCs (transactions, recall, lite topics) and the offset-based ones no RocketMQ 5
-client of ours uses (Pull/UpdateOffset/GetOffset/QueryOffset) answer gRPC UNIMPLEMENTED naming
-what is missing; so does a send of a FIFO, delay or transaction message.
+The message model (issue #15) is the services', reached as RocketMQ's proxy reaches it: a send's
+`message_type`, `message_group` and `delivery_timestamp` become the message's properties
+(`convert.to_message`) and the produce service routes it (FIFO queue, timer, transaction half);
+ReceiveMessage's FilterExpression is the message model's filter; EndTransaction and RecallMessage
+call it; a producer's Telemetry stream carries the transaction checks of its topics
+(RecoverOrphanedTransactionCommand; a gRPC producer's group is its topic); a consumer's Settings
+carry its group's fifo flag and retry policy. Lite topics and the offset-based RPCs no RocketMQ 5
+client of ours uses (Pull/UpdateOffset/GetOffset/QueryOffset) answer gRPC UNIMPLEMENTED.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -29,9 +35,10 @@ from broker.grpc.convert import duration_ms, from_message, timestamp, to_message
 from broker.grpc.forward import Forwarder
 from broker.grpc.protocol import Code, pb, spb, spb_grpc
 from broker.grpc.renewal import AUTO_RENEW_INVISIBLE_MS, InvisibilityRenewer
-from broker.grpc.route import RouteResolver, assignments, message_queues
-from broker.grpc.settings import identity, settings_reply
+from broker.grpc.route import RouteResolver, accept_types, assignments, message_queues
+from broker.grpc.settings import identity, settings_reply, subscribed_topics
 from broker.grpc.status import OK, error_status, status
+from broker.message_type import TopicMessageType, topic_message_type
 from broker.service.clients import ClientProtocol
 from broker.service.pop import AckStatus
 from broker.topics import validate_topic
@@ -42,7 +49,14 @@ log = logging.getLogger(__name__)
 # A long poll answers this long before the client's deadline (the Python client's deadline is
 # its request timeout + the await duration), so the answer arrives before the client gives up.
 POLL_DEADLINE_MARGIN_MS = 1_000
-MESSAGE_MODEL = "the message model (FIFO, delay, transactions: issue #15)"
+# A producer's Telemetry stream: transaction checks of up to this many of its topics, taken from
+# the message model this many at a time, each wait this long; a member that is not the master
+# (it has no checks) asks again after CHECK_RETRY_S.
+MAX_CHECKED_TOPICS = 64
+CHECKS_PER_PUSH = 32
+CHECK_POLL_MS = 10_000
+CHECK_RETRY_S = 1.0
+_RESOLUTIONS = {pb.COMMIT: "COMMIT", pb.ROLLBACK: "ROLLBACK"}
 # Clients whose Settings are remembered (the oldest forgotten first; a forgotten one is known
 # again at its next Settings, every 5 minutes at the latest).
 MAX_CLIENT_IDENTITIES = 10_000
@@ -165,14 +179,21 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
         self._caller(context)
         validate_topic(request.topic.name)
         routes = await self.routes.resolve(request.topic.name)
-        return spb.QueryRouteResponse(status=OK, message_queues=message_queues(request.topic, routes))
+        accept = accept_types(self._attributes(request.topic.name))
+        return spb.QueryRouteResponse(status=OK, message_queues=message_queues(request.topic, routes, accept))
 
     @_activity(spb.QueryAssignmentResponse)
     async def QueryAssignment(self, request: Any, context: Any) -> Any:
         self._caller(context)
         validate_topic(request.topic.name)
         routes = await self.routes.resolve(request.topic.name)
-        return spb.QueryAssignmentResponse(status=OK, assignments=assignments(request.topic, routes))
+        accept = accept_types(self._attributes(request.topic.name))
+        return spb.QueryAssignmentResponse(status=OK, assignments=assignments(request.topic, routes, accept))
+
+    def _attributes(self, topic: str) -> dict[str, str] | None:
+        """A topic's attributes here (None: a topic this broker does not hold)."""
+        cfg = self.services.state.store.topics.get(topic)
+        return None if cfg is None else cfg.attributes
 
     # -- clients -------------------------------------------------------------------------------
     @_activity(spb.HeartbeatResponse)
@@ -197,35 +218,104 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         """Answer every Settings the client sends with complete settings; keep the stream open
-        (server-to-client commands travel on it) until the client closes it."""
+        (server-to-client commands travel on it) until the client closes it. A producer's stream
+        also carries the transaction checks of the topics it publishes to."""
         try:
-            meta, _ = self._caller(context)
+            meta, account = self._caller(context)
             client_id = self._client_id(meta)
         except BrokerError as exc:
             self._count("Telemetry", Code.Name(error_status(exc).code), time.perf_counter())
             yield spb.TelemetryCommand(status=error_status(exc))
             return
-        async for cmd in request_iterator:
-            if cmd.WhichOneof("command") != "settings":
-                continue  # results of server commands: none are sent yet
-            t0 = time.perf_counter()
+        out: asyncio.Queue[Any] = asyncio.Queue()
+        checkers: dict[str, asyncio.Task[None]] = {}
+        reader = asyncio.create_task(
+            self._read_telemetry(request_iterator, context, meta, client_id, account, out, checkers)
+        )
+        try:
+            while (cmd := await out.get()) is not None:
+                yield cmd
+        finally:
+            reader.cancel()
+            for task in checkers.values():
+                task.cancel()
+
+    async def _read_telemetry(
+        self,
+        request_iterator: Any,
+        context: Any,
+        meta: dict[str, str],
+        client_id: str,
+        account: Any,
+        out: asyncio.Queue[Any],
+        checkers: dict[str, asyncio.Task[None]],
+    ) -> None:
+        try:
+            async for cmd in request_iterator:
+                if cmd.WhichOneof("command") != "settings":
+                    continue  # results of server commands: a check is answered by EndTransaction
+                t0 = time.perf_counter()
+                try:
+                    reply = self._settings(cmd.settings)
+                except BrokerError as exc:
+                    self._count("Telemetry", Code.Name(error_status(exc).code), t0)
+                    out.put_nowait(spb.TelemetryCommand(status=error_status(exc)))
+                    continue
+                self._identities.pop(client_id, None)
+                self._identities[client_id] = identity(cmd.settings, meta)
+                if len(self._identities) > MAX_CLIENT_IDENTITIES:
+                    self._identities.popitem(last=False)
+                self._report(client_id, context)
+                self._count("Telemetry", "OK", t0)
+                out.put_nowait(spb.TelemetryCommand(status=OK, settings=reply))
+                if cmd.settings.client_type == pb.PRODUCER:
+                    for r in cmd.settings.publishing.topics:
+                        if r.name not in checkers and len(checkers) < MAX_CHECKED_TOPICS:
+                            checkers[r.name] = asyncio.create_task(self._push_checks(r.name, account, out))
+        except Exception as exc:  # the stream broke: its end is the client's business
+            log.debug("event=grpc_telemetry_closed error=%r", exc)
+        finally:
+            out.put_nowait(None)
+
+    def _settings(self, client: Any) -> Any:
+        config = self.config
+        if client.client_type == pb.PRODUCER or not client.HasField("subscription"):
+            return settings_reply(
+                client,
+                max_message_size=config.max_message_size,
+                max_reconsume_times=config.max_reconsume_times,
+            )
+        fifo_topic = any(
+            topic_message_type(self._attributes(t)) is TopicMessageType.FIFO
+            for t in subscribed_topics(client)
+        )
+        return settings_reply(
+            client,
+            max_message_size=config.max_message_size,
+            max_reconsume_times=config.max_reconsume_times,
+            group=self.services.message_model.group(client.subscription.group.name),
+            fifo_topic=fifo_topic,
+        )
+
+    async def _push_checks(self, topic: str, account: Any, out: asyncio.Queue[Any]) -> None:
+        """The transaction checks of `topic` (a gRPC producer's group is its topic), pushed as
+        RecoverOrphanedTransactionCommand: the client asks its TransactionChecker and answers
+        with EndTransaction (source SERVER_CHECK). A check no one answers is offered again next
+        round (transactionCheckInterval)."""
+        model = self.services.message_model
+        while True:
             try:
-                reply = settings_reply(
-                    cmd.settings,
-                    max_message_size=self.config.max_message_size,
-                    max_reconsume_times=self.config.max_reconsume_times,
-                )
-            except BrokerError as exc:
-                self._count("Telemetry", Code.Name(error_status(exc).code), t0)
-                yield spb.TelemetryCommand(status=error_status(exc))
+                checks = await model.transaction_checks(account, topic, CHECKS_PER_PUSH, CHECK_POLL_MS)
+                commands = [_check_command(c) for c in checks]
+            except BrokerError:  # not the master now (or not allowed): ask again later
+                await asyncio.sleep(CHECK_RETRY_S)
                 continue
-            self._identities.pop(client_id, None)
-            self._identities[client_id] = identity(cmd.settings, meta)
-            if len(self._identities) > MAX_CLIENT_IDENTITIES:
-                self._identities.popitem(last=False)
-            self._report(client_id, context)
-            self._count("Telemetry", "OK", t0)
-            yield spb.TelemetryCommand(status=OK, settings=reply)
+            except Exception:
+                log.exception("event=grpc_transaction_checks_failed topic=%s", topic)
+                await asyncio.sleep(CHECK_RETRY_S)
+                continue
+            for command in commands:
+                out.put_nowait(command)
 
     # -- produce -------------------------------------------------------------------------------
     @_activity(spb.SendMessageResponse)
@@ -243,15 +333,20 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
             where = f"messages[{i}]"
             if m.topic.name != topic:
                 raise invalid(f"{where}.topic", "the messages of one request go to one topic")
-            _check_normal(m, where)
             msgs.append(to_message(m, where, produce.max_message_size, peer))
         results = await self.sends.send(account, topic, msgs)
         entries = []
         for m, r in zip(msgs, results, strict=True):
             mid = m.idempotency_key or r.msg_id
-            entries.append(
-                spb.SendResultEntry(status=OK, message_id=mid, transaction_id=mid, offset=r.queue_offset)
+            entry = spb.SendResultEntry(
+                status=OK,
+                message_id=mid,
+                transaction_id=getattr(r, "transaction_id", None) or mid,
+                offset=r.queue_offset,
             )
+            if getattr(r, "recall_handle", None):
+                entry.recall_handle = r.recall_handle
+            entries.append(entry)
         return spb.SendMessageResponse(status=OK, entries=entries)
 
     # -- consume -------------------------------------------------------------------------------
@@ -268,7 +363,10 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
                 return
             group = request.group.name
             topic = request.message_queue.topic.name
-            _check_filter(request.filter_expression)
+            expr = request.filter_expression
+            message_filter = self.services.message_model.message_filter(
+                "SQL92" if expr.type == pb.SQL else "TAG", expr.expression
+            )
             if request.auto_renew:
                 invisible_ms = AUTO_RENEW_INVISIBLE_MS
             elif request.HasField("invisible_duration"):
@@ -277,7 +375,13 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
                 raise invalid("invisibleMs", "invisible_duration is required unless auto_renew is set")
             wait_ms = _poll_ms(request, context)
             received = await self.services.pop.receive(
-                account, group, topic, request.batch_size, invisible_ms, wait_ms
+                account,
+                group,
+                topic,
+                request.batch_size,
+                invisible_ms,
+                wait_ms,
+                message_filter=message_filter,
             )
         except BrokerError as exc:
             self._count("ReceiveMessage", Code.Name(error_status(exc).code), t0)
@@ -285,10 +389,6 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
             return
         except DLedgerException as exc:
             yield spb.ReceiveMessageResponse(status=error_status(from_dledger(exc)))
-            return
-        except Unimplemented as exc:
-            self._count("ReceiveMessage", "UNIMPLEMENTED", t0)
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, str(exc))
             return
         if not received:
             self._count("ReceiveMessage", "MESSAGE_NOT_FOUND", t0)
@@ -367,11 +467,35 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
         self.renewer.settled(group, topic, request.receipt_handle)
         return spb.ForwardMessageToDeadLetterQueueResponse(status=OK)
 
+    # -- the message model ---------------------------------------------------------------------
+    @_activity(spb.EndTransactionResponse)
     async def EndTransaction(self, request: Any, context: Any) -> Any:
-        await self._unimplemented(context, "EndTransaction", MESSAGE_MODEL)
+        """Commit or roll back a transactional message (its transaction id is the send's)."""
+        meta, account = self._caller(context)
+        if self.forwarder.must_forward(meta):
+            return await self.forwarder.unary("EndTransaction", request, context)
+        resolution = _RESOLUTIONS.get(request.resolution)
+        if resolution is None:
+            raise invalid("resolution", "resolution must be COMMIT or ROLLBACK")
+        await self.services.message_model.end_transaction(
+            account,
+            request.topic.name,
+            request.transaction_id,
+            resolution,
+            from_check=request.source == pb.SOURCE_SERVER_CHECK,
+        )
+        return spb.EndTransactionResponse(status=OK)
 
+    @_activity(spb.RecallMessageResponse)
     async def RecallMessage(self, request: Any, context: Any) -> Any:
-        await self._unimplemented(context, "RecallMessage", "delay messages, " + MESSAGE_MODEL)
+        """Recall a delayed message before it is due, by the send's recall handle."""
+        meta, account = self._caller(context)
+        if self.forwarder.must_forward(meta):
+            return await self.forwarder.unary("RecallMessage", request, context)
+        message_id = await self.services.message_model.recall(
+            account, request.topic.name, request.recall_handle
+        )
+        return spb.RecallMessageResponse(status=OK, message_id=message_id)
 
     async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
         await self._unimplemented(context, "SyncLiteSubscription", "lite topics are not supported")
@@ -395,22 +519,13 @@ def pb_ack_entry(entry: Any, st: Any) -> Any:
     )
 
 
-def _check_normal(m: Any, where: str) -> None:
-    """Only NORMAL messages until the message model lands."""
-    sp = m.system_properties
-    if sp.message_type not in pb.MessageType.values():
-        raise invalid(f"{where}.messageType", f"unknown message type {sp.message_type}")
-    if sp.message_type not in (pb.NORMAL, pb.MESSAGE_TYPE_UNSPECIFIED):
-        raise Unimplemented(f"{where}: {pb.MessageType.Name(sp.message_type)} messages need {MESSAGE_MODEL}")
-    if sp.HasField("message_group") or sp.HasField("delivery_timestamp"):
-        raise Unimplemented(f"{where}: message groups and delivery times need {MESSAGE_MODEL}")
-
-
-def _check_filter(expr: Any) -> None:
-    if expr.type == pb.SQL:
-        raise Unimplemented("SQL92 filters need the message model's filters (issue #15)")
-    if expr.expression.strip() not in ("", "*"):
-        raise Unimplemented("tag filters need the message model's filters (issue #15)")
+def _check_command(check: Any) -> Any:
+    """A transaction check as the producer's client takes it: the half under its real topic."""
+    message = from_message(
+        check.message, namespace="", receipt_handle="", delivery_attempt=1, invisible_ms=0, topic=check.topic
+    )
+    command = spb.RecoverOrphanedTransactionCommand(message=message, transaction_id=check.transaction_id)
+    return spb.TelemetryCommand(recover_orphaned_transaction_command=command)
 
 
 def _poll_ms(request: Any, context: Any) -> int:

@@ -10,9 +10,12 @@ an exponential producer backoff, a push consumer polls with `subscription.long_p
 
 from __future__ import annotations
 
+from typing import Any
+
 from broker.errors import invalid
 from broker.grpc.convert import duration
 from broker.grpc.protocol import pb
+from broker.retry_policy import RetryPolicy, RetryPolicyType
 
 # A send is tried this often, each attempt at once on the next queue of the client's route (one
 # more than RocketMQ's proxy default of 3): `route.spread` names a set's other members at every
@@ -39,9 +42,45 @@ def _backoff(max_attempts: int, initial_ms: int, max_ms: int) -> pb.RetryPolicy:
     )
 
 
-def settings_reply(client: pb.Settings, *, max_message_size: int, max_reconsume_times: int) -> pb.Settings:
+def _consumer_backoff(max_attempts: int, policy: RetryPolicy | None) -> pb.RetryPolicy:
+    """A consumer group's retry policy as the clients take it (a push consumer waits this long
+    before a failed message comes again). CUSTOMIZED: the client's `next[attempt - 1]` is the
+    broker's `next[reconsumeTimes + 2]` (`broker.retry_policy`), so the list starts at level 3.
+    No policy (nack = at once on the broker): the endpoint's own exponential backoff."""
+    if policy is None:
+        return _backoff(max_attempts, CONSUMER_BACKOFF_INITIAL_MS, CONSUMER_BACKOFF_MAX_MS)
+    if policy.type is RetryPolicyType.EXPONENTIAL:
+        return pb.RetryPolicy(
+            max_attempts=max_attempts,
+            exponential_backoff=pb.ExponentialBackoff(
+                initial=duration(policy.initial_ms), max=duration(policy.max_ms), multiplier=policy.multiplier
+            ),
+        )
+    levels = policy.next_ms[2:] or policy.next_ms[-1:]
+    return pb.RetryPolicy(
+        max_attempts=max_attempts,
+        customized_backoff=pb.CustomizedBackoff(next=[duration(ms) for ms in levels]),
+    )
+
+
+def subscribed_topics(client: pb.Settings) -> list[str]:
+    """The topics a consumer's Settings subscribe to."""
+    return [e.topic.name for e in client.subscription.subscriptions]
+
+
+def settings_reply(
+    client: pb.Settings,
+    *,
+    max_message_size: int,
+    max_reconsume_times: int,
+    group: Any = None,
+    fifo_topic: bool = False,
+) -> pb.Settings:
     """The server's answer to a client's Settings: the client's own, completed with the server's
-    values. INVALID_REQUEST for a Settings that names no known client type or lacks its part."""
+    values. INVALID_REQUEST for a Settings that names no known client type or lacks its part.
+    A consumer's `group` (`broker.subscription.SubscriptionGroupConfig`, the group's replicated
+    settings) decides its fifo flag (`orderly_for(fifo_topic)`: whether it subscribes a FIFO
+    topic), its attempts (retryMaxTimes + 1) and its backoff (retryPolicy)."""
     if client.client_type == pb.PRODUCER:
         if not client.HasField("publishing"):
             raise invalid("settings.publishing", "a producer's settings carry `publishing`")
@@ -66,10 +105,13 @@ def settings_reply(client: pb.Settings, *, max_message_size: int, max_reconsume_
             sub.long_polling_timeout.seconds <= 0 and sub.long_polling_timeout.nanos <= 0
         ):
             sub.long_polling_timeout.CopyFrom(duration(DEFAULT_LONG_POLLING_MS))
-        sub.fifo = False
-        out.backoff_policy.CopyFrom(
-            _backoff(max_reconsume_times + 1, CONSUMER_BACKOFF_INITIAL_MS, CONSUMER_BACKOFF_MAX_MS)
-        )
+        if group is None:
+            sub.fifo = False
+            out.backoff_policy.CopyFrom(_consumer_backoff(max_reconsume_times + 1, None))
+        else:
+            sub.fifo = group.orderly_for(fifo_topic)
+            attempts = group.effective_retry_max_times(max_reconsume_times) + 1
+            out.backoff_policy.CopyFrom(_consumer_backoff(attempts, group.retry_policy))
     return out
 
 
