@@ -179,18 +179,26 @@ class AsyncAdmin:
         return await self._namesrv(f"/routes/{seg(topic)}")
 
     async def topic_status(self, topic: str) -> list[dict[str, Any]]:
-        """Per broker set and queue: min and max offsets (from any member, master first)."""
+        """Per broker set and queue: min and max offsets (from any member, master first). A set
+        no member of which answers gets one row `{"brokerName", "error": "UNREACHABLE"}`; the call
+        fails only when no set answered."""
         rows = []
+        down = []
         for s in await self.broker_sets():
             try:
                 doc = await self._first(s, "GET", f"/topics/{seg(topic)}")
             except NotFoundError:
                 continue
+            except BrokerUnreachableError as exc:
+                down.append({"brokerName": s.broker_name, "error": exc.code})
+                continue
             for q in doc["queues"]:
                 rows.append({"brokerName": s.broker_name, **q})
         if not rows:
+            if down:
+                raise BrokerUnreachableError(f"topic {topic!r}: no member of {down} answered")
             raise NotFoundError(f"topic {topic!r} is on no live broker set")
-        return rows
+        return rows + down
 
     async def _first(self, s: BrokerSet, method: str, path: str, **kw: Any) -> Any:
         last: Exception | None = None
@@ -289,12 +297,21 @@ class AsyncAdmin:
                 for s in await self.broker_sets()}
 
     async def consumer_progress(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
-        """Per broker set, topic and queue: the group's committed offset, max offset and lag."""
+        """Per broker set, topic and queue: the group's committed offset, max offset and lag; a set
+        that does not answer gets one row `{"brokerName", "error": "UNREACHABLE"}`."""
         rows = []
-        for s in await self.broker_sets():
-            offsets = await self.group_offsets_of_set(s, group, topic)
+        down = []
+        sets = await self.broker_sets()
+        for s in sets:
+            try:
+                offsets = await self.group_offsets_of_set(s, group, topic)
+            except BrokerUnreachableError as exc:
+                down.append({"brokerName": s.broker_name, "error": exc.code})
+                continue
             rows += [{"brokerName": s.broker_name, **o} for o in offsets]
-        return rows
+        if len(down) == len(sets):
+            raise BrokerUnreachableError(f"consumer progress of {group!r}: no broker set answered")
+        return rows + down
 
     async def groups_of_set(self, broker_set: BrokerSet) -> list[dict[str, Any]]:
         """Every consumer group of one broker set with its lag summed per topic, in one request

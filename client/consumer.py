@@ -16,6 +16,7 @@ from client.errors import (
     ServerError,
     TopicNotExistError,
 )
+from client.fault import LatencyFaultTolerance
 from client.transport import AsyncTransport, BrokerSetRoute, RouteCache, seg, split_addrs
 
 
@@ -231,18 +232,22 @@ class AsyncSimpleConsumer(_RouteUser):
         token: str | None = None,
         invisible_ms: int = 30_000,
         request_timeout_s: float = 40.0,
+        fault_isolation_ms: int = 10_000,
     ) -> None:
         super().__init__(namesrv_addr, broker_addr, token, request_timeout_s)
         self.group, self.topic, self.invisible_ms = group, topic, invisible_ms
+        self.fault = LatencyFaultTolerance(fault_isolation_ms)
         self._turn = itertools.count()
 
     async def receive(
         self, max_messages: int = 16, wait_ms: int = 0, invisible_ms: int | None = None
     ) -> list[ReceivedMessage]:
+        """Receive from the topic's broker sets in turn (one set per call). A set that cannot
+        serve (no connection, no master) is skipped for `fault_isolation_ms` and the next set
+        asked in the same call; the error is raised only when no set could serve."""
         route = await self.routes.get(self.topic)
         if not route.brokers:
             return []
-        broker = route.brokers[next(self._turn) % len(route.brokers)]
         body = {
             "topic": self.topic,
             "maxMessages": max_messages,
@@ -250,8 +255,21 @@ class AsyncSimpleConsumer(_RouteUser):
             # 0 is the caller's value (the broker refuses it), not "use the default"
             "invisibleMs": self.invisible_ms if invisible_ms is None else invisible_ms,
         }
-        doc = await self._write(self.topic, broker, f"/consumers/{seg(self.group)}/receive", body)
-        return [ReceivedMessage.from_json(m, broker.broker_name) for m in doc["messages"]]
+        turn = next(self._turn)
+        ordered = [route.brokers[(turn + i) % len(route.brokers)] for i in range(len(route.brokers))]
+        ok = set(self.fault.available(b.broker_name for b in ordered))
+        ordered.sort(key=lambda b: b.broker_name not in ok)  # stable: avoided sets last
+        last: LedgerMQError | None = None
+        for broker in ordered:
+            try:
+                doc = await self._write(self.topic, broker, f"/consumers/{seg(self.group)}/receive", body)
+            except (BrokerUnreachableError, NotMasterError) as exc:
+                self.fault.update(broker.broker_name, 0, failed=True)
+                last = exc
+                continue
+            return [ReceivedMessage.from_json(m, broker.broker_name) for m in doc["messages"]]
+        assert last is not None
+        raise last
 
     async def _settle(self, action: str, msgs: list[ReceivedMessage]) -> dict[str, Any]:
         """One request per broker set; `{"results": [...]}` with one entry per message, in the

@@ -169,6 +169,11 @@ def _message_row(m: Any) -> dict[str, Any]:
     }
 
 
+def _error_column(rows: list[dict[str, Any]]) -> list[str]:
+    """["error"] when a row reports a broker set that did not answer."""
+    return ["error"] if any("error" in r for r in rows) else []
+
+
 def run(args: argparse.Namespace) -> tuple[Any, list[str] | None]:
     """Execute one command; returns (data, table columns)."""
     kw = _addrs(args)
@@ -259,7 +264,8 @@ def run(args: argparse.Namespace) -> tuple[Any, list[str] | None]:
                 for b in doc["brokers"]
             ], None
         if cmd == "topicStatus":
-            return a.topic_status(args.topic), ["brokerName", "queueId", "minOffset", "maxOffset"]
+            rows = a.topic_status(args.topic)
+            return rows, ["brokerName", "queueId", "minOffset", "maxOffset", *_error_column(rows)]
         if cmd == "clusterList":
             return a.cluster_list(), [
                 "cluster",
@@ -273,14 +279,9 @@ def run(args: argparse.Namespace) -> tuple[Any, list[str] | None]:
                 "committedIndex",
             ]
         if cmd == "consumerProgress":
-            return a.consumer_progress(args.consumerGroup, args.topic), [
-                "brokerName",
-                "topic",
-                "queueId",
-                "offset",
-                "maxOffset",
-                "lag",
-            ]
+            rows = a.consumer_progress(args.consumerGroup, args.topic)
+            columns = ["brokerName", "topic", "queueId", "offset", "maxOffset", "lag"]
+            return rows, [*columns, *_error_column(rows)]
         if cmd == "queryMsgById":
             return a.query_msg_by_id(args.msgId), None
         if cmd == "resetOffsetByTime":

@@ -28,7 +28,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.errors import LedgerMQError, NotMasterError, SendOutcomeUnknownError, TopicNotExistError
+from client.errors import (
+    BrokerUnreachableError,
+    LedgerMQError,
+    NotMasterError,
+    SendOutcomeUnknownError,
+    ServerError,
+    TopicNotExistError,
+)
+from client.fault import LatencyFaultTolerance
 from client.outcome import Delivery, delivery_of
 from client.transport import (
     PERM_WRITE,
@@ -96,7 +104,13 @@ def _as_message(m: Message | bytes | str) -> Message:
 
 class AsyncProducer:
     """Asyncio producer. `namesrv_addr`: `host:port;host:port` or a list; `broker_addr` for a
-    single broker without a name server."""
+    single broker without a name server.
+
+    With several broker sets, a set that fails an attempt (no connection, no master, a refusal
+    to write, an unknown outcome) is avoided for `fault_isolation_ms` (`client.fault`, RocketMQ's
+    latency-fault tolerance; `send_latency_fault_enable` also avoids slow sets), and a send that
+    the chosen set refused definitively moves to another set at once — only then: a send that may
+    have reached a set stays there (see `SendOutcomeUnknownError`)."""
 
     def __init__(
         self,
@@ -106,12 +120,16 @@ class AsyncProducer:
         token: str | None = None,
         send_timeout_s: float = 15.0,
         request_timeout_s: float = 5.0,
+        fault_isolation_ms: int = 10_000,
+        send_latency_fault_enable: bool = False,
     ) -> None:
         self.transport = AsyncTransport(token=token, timeout_s=request_timeout_s)
         self.routes = RouteCache(self.transport, split_addrs(namesrv_addr), split_addrs(broker_addr))
         self.send_timeout_s = send_timeout_s
+        self.fault = LatencyFaultTolerance(fault_isolation_ms, send_latency_fault_enable)
         self._counter = itertools.count()
         self.retries = 0  # attempts beyond the first, for tests and metrics
+        self.moves = 0  # sends moved to another broker set after a refusal
 
     async def __aenter__(self) -> AsyncProducer:
         return self
@@ -144,10 +162,11 @@ class AsyncProducer:
         """Send messages in one request to one broker set, stored in order. A message with a
         `queue_id` goes to that queue; the others go together to the queue picked for the batch
         (so a batch without queue ids is stored contiguously in one queue). `broker_name` picks
-        the set (default: the next writable set in turn).
+        the set (default: the next writable set in turn, skipping sets being avoided); a send
+        with neither a broker name nor queue ids moves to another set when its set refuses.
 
         Raises, when every retry until `send_timeout_s` failed: `SendOutcomeUnknownError` if any
-        attempt may have reached the set (it names the set and keeps the keys: resend them
+        attempt may have reached a set (it names the set and keeps the keys: resend them
         there); otherwise the last refusal (`NotMasterError`, `BrokerUnreachableError`, a 4xx
         error, `DiskFullError`), which means nothing of this send was stored."""
         msgs = [_as_message(m) for m in messages]
@@ -164,21 +183,25 @@ class AsyncProducer:
             if not brokers:
                 raise TopicNotExistError(f"broker set {broker_name!r} does not hold topic {topic!r}")
         broker, queue_id = self._select(brokers, max(pinned) + 1 if pinned else 0, topic)
-        if queue_id is not None:
-            for m, doc in zip(msgs, docs, strict=True):
-                if m.queue_id is None:
-                    doc["queueId"] = queue_id
-        return await self._send_with_retry(topic, broker.broker_name, msgs, docs)
+        send = _Send(topic, msgs, docs, movable=broker_name is None and not pinned)
+        send.assign(broker.broker_name, queue_id)
+        return await self._send_with_retry(send)
 
     def _select(
-        self, brokers: list[BrokerSetRoute], min_queues: int, topic: str
+        self, brokers: list[BrokerSetRoute], min_queues: int, topic: str, exclude: Iterable[str] = ()
     ) -> tuple[BrokerSetRoute, int | None]:
         """The next (broker set, queue) in turn among writable sets with at least `min_queues`
-        write queues (a set whose queue numbers the route does not give counts as having them);
-        queue None when no route gives queue numbers (the broker picks)."""
-        writable = [b for b in brokers if b.perm & PERM_WRITE and (b.master_addr or 0 in b.addrs)]
+        write queues (a set whose queue numbers the route does not give counts as having them),
+        not in `exclude`, preferring sets not being avoided; queue None when no route gives
+        queue numbers (the broker picks)."""
+        skip = set(exclude)
+        writable = [
+            b
+            for b in brokers
+            if b.perm & PERM_WRITE and (b.master_addr or 0 in b.addrs) and b.broker_name not in skip
+        ]
         if not writable:
-            writable = [b for b in brokers if b.perm & PERM_WRITE]
+            writable = [b for b in brokers if b.perm & PERM_WRITE and b.broker_name not in skip]
         if not writable:
             raise TopicNotExistError(f"no writable broker set for topic {topic!r}")
         if min_queues:
@@ -186,24 +209,34 @@ class AsyncProducer:
             writable = [
                 b for b in writable if min_queues <= b.write_queue_nums or b.write_queue_nums == 0
             ] or writable
+        ok = set(self.fault.available(b.broker_name for b in writable))
+        if ok and len(ok) < len(writable):
+            writable = [b for b in writable if b.broker_name in ok]
+        elif not ok and len(writable) > 1:
+            soonest = self.fault.least_recent_failure([b.broker_name for b in writable])
+            writable = [b for b in writable if b.broker_name == soonest]
         pairs = [(b, q) for b in writable for q in range(b.write_queue_nums)] or [(b, None) for b in writable]
         return pairs[next(self._counter) % len(pairs)]
 
-    async def _send_with_retry(
-        self, topic: str, broker_name: str, msgs: list[Message], docs: list[dict[str, Any]]
-    ) -> list[SendResult]:
-        """POST the messages to the set's master, retrying with the same keys until
-        `send_timeout_s`. Once an attempt may have reached the set, the final error is a
-        `SendOutcomeUnknownError`, whatever later attempts saw (a dead set refuses connections:
-        that says nothing about the request already sent)."""
-        payload = {"messages": docs}
+    async def _send_with_retry(self, send: _Send) -> list[SendResult]:
+        """POST the messages to their set's master, retrying with the same keys until
+        `send_timeout_s`. A movable send that its set refused (`_refused_by_set`) before any
+        attempt may have reached a set moves to another set. Once an attempt may have reached a
+        set, the send stays there and its final error is a `SendOutcomeUnknownError`, whatever
+        later attempts saw (a dead set refuses connections: that says nothing about the request
+        already sent)."""
+        topic = send.topic
+        payload = {"messages": send.docs}
         deadline = time.monotonic() + self.send_timeout_s
         hint: str | None = None
         delay = 0.05
         attempt = 0
         maybe_reached: LedgerMQError | None = None
+        tried: set[str] = set()
         path = f"/topics/{seg(topic)}/messages"
         while True:
+            broker_name = send.broker_name
+            started = time.monotonic()
             try:
                 url: str | None = hint
                 if url is None:
@@ -213,13 +246,25 @@ class AsyncProducer:
                 if url is None:
                     raise NotMasterError(f"broker set {broker_name} has no master in the route")
                 doc = await self.transport.request("POST", url + path, json=payload)
+                self.fault.update(broker_name, (time.monotonic() - started) * 1000, failed=False)
                 return [
                     SendResult(r["msgId"], r["queueId"], r["queueOffset"], r["commitLogOffset"], broker_name)
                     for r in doc["results"]
                 ]
             except LedgerMQError as exc:
-                if maybe_reached is None and delivery_of(exc) is Delivery.MAYBE:
+                delivery = delivery_of(exc)
+                if maybe_reached is None and delivery is Delivery.MAYBE:
                     maybe_reached = exc
+                hint = (
+                    base_url(exc.master_addr) if isinstance(exc, NotMasterError) and exc.master_addr else None
+                )
+                if hint is None and (delivery is Delivery.MAYBE or _refused_by_set(exc)):
+                    self.fault.update(broker_name, (time.monotonic() - started) * 1000, failed=True)
+                if send.movable and maybe_reached is None and _refused_by_set(exc):
+                    tried.add(broker_name)
+                    if await self._move(send, tried, exc):
+                        attempt += 1
+                        continue
                 if not exc.retryable or time.monotonic() + delay > deadline:
                     if maybe_reached is None:
                         raise
@@ -229,12 +274,9 @@ class AsyncProducer:
                         f"last: {exc.code} ({exc.detail})",
                         topic=topic,
                         broker_name=broker_name,
-                        messages=_as_sent(msgs, docs),
+                        messages=_as_sent(send.msgs, send.docs),
                         cause=exc,
                     ) from exc
-                hint = (
-                    base_url(exc.master_addr) if isinstance(exc, NotMasterError) and exc.master_addr else None
-                )
                 log.info(
                     "produce retry topic=%s broker=%s attempt=%d reason=%s",
                     topic,
@@ -246,6 +288,55 @@ class AsyncProducer:
             self.retries += 1
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
+
+    async def _move(self, send: _Send, tried: set[str], why: LedgerMQError) -> bool:
+        """Move `send` to a writable set it has not tried; False when there is none."""
+        try:
+            route = await self.routes.get(send.topic)
+            broker, queue_id = self._select(route.brokers, 0, send.topic, exclude=tried)
+        except LedgerMQError:
+            return False
+        log.info(
+            "produce moved topic=%s from=%s to=%s reason=%s",
+            send.topic,
+            send.broker_name,
+            broker.broker_name,
+            why.code,
+        )
+        send.assign(broker.broker_name, queue_id)
+        self.moves += 1
+        return True
+
+
+class _Send:
+    """One send in flight: its messages, their request documents and the set they go to."""
+
+    def __init__(self, topic: str, msgs: list[Message], docs: list[dict[str, Any]], movable: bool) -> None:
+        self.topic = topic
+        self.msgs = msgs
+        self.docs = docs
+        self.movable = movable
+        self.broker_name = ""
+
+    def assign(self, broker_name: str, queue_id: int | None) -> None:
+        """Aim at `broker_name`; the messages the caller gave no queue go to `queue_id`."""
+        self.broker_name = broker_name
+        for m, doc in zip(self.msgs, self.docs, strict=True):
+            if m.queue_id is None:
+                if queue_id is None:
+                    doc.pop("queueId", None)
+                else:
+                    doc["queueId"] = queue_id
+
+
+def _refused_by_set(exc: LedgerMQError) -> bool:
+    """The set as a whole cannot take writes now, and said so before storing anything: no
+    connection to its master, no master known, a refusal such as DISK_FULL."""
+    if isinstance(exc, BrokerUnreachableError):
+        return True
+    if isinstance(exc, NotMasterError):
+        return not exc.master_addr
+    return isinstance(exc, ServerError) and delivery_of(exc) is Delivery.REFUSED
 
 
 def _as_sent(msgs: list[Message], docs: list[dict[str, Any]]) -> list[Message]:

@@ -170,26 +170,36 @@ def namesrv_and_broker(
 
 
 def start_dledger_set(
-    group: ProcessGroup, workdir: Path, namesrv: str | None, **overrides: str
+    group: ProcessGroup,
+    workdir: Path,
+    namesrv: str | None,
+    broker_name: str | None = None,
+    **overrides: str,
 ) -> dict[str, str]:
     """broker-a's 3 members from conf/dledger/broker-n{0,1,2}.conf with fresh HTTP and peer ports;
-    returns {selfId: http addr}. Waits until every member answers /health."""
+    returns {selfId: http addr}. Waits until every member answers /health. With `broker_name` the
+    set (and its DLedger group) is named so, and its processes, confs and stores are
+    `{broker_name}-n{i}` (restart one with `group.start(name, "broker", "-c", workdir/f"{name}.conf")`)."""
     peer_ports = [free_port() for _ in range(3)]
     peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(peer_ports))
+    named = {"brokerName": broker_name, "dLegerGroup": broker_name} if broker_name else {}
+    procs: dict[str, str] = {}
     addrs = {}
     for i in range(3):
+        procs[f"n{i}"] = f"{broker_name}-n{i}" if broker_name else f"n{i}"
         addrs[f"n{i}"] = start_broker(
             group,
             workdir,
             CONF / "dledger" / f"broker-n{i}.conf",
-            f"n{i}",
+            procs[f"n{i}"],
             namesrv,
             wait=False,
             dLegerPeers=peers,
+            **named,
             **overrides,
         )
     for i, addr in addrs.items():
-        wait_http(f"http://{addr}/health", proc=group.procs[i], timeout_s=20)
+        wait_http(f"http://{addr}/health", proc=group.procs[procs[i]], timeout_s=20)
     return addrs
 
 
