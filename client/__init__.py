@@ -1,4 +1,5 @@
-"""LedgerMQ Python SDK (httpx, sync and async): Producer, PullConsumer, SimpleConsumer, Admin."""
+"""LedgerMQ Python SDK (sync and async): Producer (batching), PullConsumer (with a prefetching
+iterator), SimpleConsumer, PushConsumer, Admin."""
 
 from client.admin import Admin, AsyncAdmin
 from client.consumer import (
@@ -12,12 +13,14 @@ from client.consumer import (
 )
 from client.errors import LedgerMQError
 from client.producer import AsyncProducer, Message, Producer, SendResult
+from client.push import AsyncPushConsumer, PushConsumer
 
 __all__ = [
     "Admin",
     "AsyncAdmin",
     "AsyncProducer",
     "AsyncPullConsumer",
+    "AsyncPushConsumer",
     "AsyncSimpleConsumer",
     "LedgerMQError",
     "Message",
@@ -25,6 +28,7 @@ __all__ = [
     "Producer",
     "PullConsumer",
     "PullResult",
+    "PushConsumer",
     "ReceivedMessage",
     "SendResult",
     "SimpleConsumer",

@@ -69,9 +69,13 @@ class AsyncAdmin:
         token: str | None = None,
         request_timeout_s: float = 10.0,
         transport: AsyncTransport | None = None,
+        ca_file: str | None = None,
+        client_cert: str | tuple[str, str] | None = None,
     ) -> None:
         # A caller may pass its own transport (e.g. the console's, which counts its requests).
-        self.transport = transport or AsyncTransport(token=token, timeout_s=request_timeout_s)
+        self.transport = transport or AsyncTransport(
+            token=token, timeout_s=request_timeout_s, ca_file=ca_file, client_cert=client_cert
+        )
         self.namesrv_urls = split_addrs(namesrv_addr)
         self.broker_urls = split_addrs(broker_addr)
         if not self.namesrv_urls and not self.broker_urls:

@@ -1,11 +1,16 @@
-"""Consumers: `PullConsumer` (offset-based pull with long polling) and `SimpleConsumer`
-(RocketMQ 5 style receive / ack with invisibility time), each sync and async."""
+"""Consumers: `PullConsumer` (offset-based pull with long polling, and a prefetching iterator over
+every queue of a topic) and `SimpleConsumer` (RocketMQ 5 style receive / ack with invisibility
+time, the next receive pipelined and acks coalesced), each sync and async. The push consumer is
+`client.push`."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
+import concurrent.futures
 import itertools
+import logging
+import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,69 +22,37 @@ from client.errors import (
     TopicNotExistError,
 )
 from client.fault import LatencyFaultTolerance
-from client.transport import AsyncTransport, BrokerSetRoute, RouteCache, seg, split_addrs
+from client.loop import BackgroundLoop, construct
+from client.prefetch import PullIterator, SyncPullIterator
+from client.received import PULL_BINARY_CONTENT_TYPE, PullResult, ReceivedMessage, decode_binary_page
+from client.transport import AsyncTransport, BrokerSetRoute, RouteCache, decode_answer, seg, split_addrs
+
+__all__ = [
+    "AsyncPullConsumer",
+    "AsyncSimpleConsumer",
+    "MessageQueue",
+    "PullConsumer",
+    "PullResult",
+    "ReceivedMessage",
+    "SimpleConsumer",
+]
+
+log = logging.getLogger(__name__)
 
 
-@dataclass
-class ReceivedMessage:
-    """A message as the broker returns it; `body` is always bytes here."""
-
-    msg_id: str
-    topic: str
-    queue_id: int
-    queue_offset: int
-    commit_log_offset: int
-    body: bytes
-    tags: str | None
-    keys: list[str]
-    properties: dict[str, str]
-    born_timestamp: int
-    store_timestamp: int
-    reconsume_times: int = 0
-    receipt_handle: str | None = None
-    broker_name: str | None = None
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8")
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any], broker_name: str | None = None) -> ReceivedMessage:
-        raw = d.get("body", "")
-        body = base64.b64decode(raw) if d.get("bodyEncoding") == "base64" else raw.encode("utf-8")
-        return cls(
-            d["msgId"],
-            d.get("topic", ""),
-            d["queueId"],
-            d["queueOffset"],
-            d["commitLogOffset"],
-            body,
-            d.get("tags"),
-            list(d.get("keys") or []),
-            dict(d.get("properties") or {}),
-            d.get("bornTimestamp", 0),
-            d.get("storeTimestamp", 0),
-            d.get("reconsumeTimes", 0),
-            d.get("receiptHandle"),
-            broker_name,
-        )
-
-
-@dataclass
-class PullResult:
-    messages: list[ReceivedMessage]
-    next_offset: int
-    min_offset: int
-    max_offset: int
-
-
-@dataclass
+@dataclass(frozen=True, slots=True)
 class MessageQueue:
     """One queue of a topic in one broker set."""
 
     topic: str
     broker_name: str
     queue_id: int
+
+
+def new_client_id() -> str:
+    """`host@pid@random`: one per consumer instance, sent as `X-Client-Id` (the console lists
+    consumers by it)."""
+    return f"{socket.gethostname()}@{os.getpid()}@{os.urandom(4).hex()}"
 
 
 class _RouteUser:
@@ -89,8 +62,17 @@ class _RouteUser:
         broker_addr: str | list[str] | None,
         token: str | None,
         request_timeout_s: float,
+        ca_file: str | None = None,
+        client_cert: str | tuple[str, str] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
-        self.transport = AsyncTransport(token=token, timeout_s=request_timeout_s)
+        self.transport = AsyncTransport(
+            token=token,
+            timeout_s=request_timeout_s,
+            ca_file=ca_file,
+            client_cert=client_cert,
+            headers=headers,
+        )
         self.routes = RouteCache(self.transport, split_addrs(namesrv_addr), split_addrs(broker_addr))
 
     async def __aenter__(self) -> Any:
@@ -141,7 +123,7 @@ class _RouteUser:
 
 class AsyncPullConsumer(_RouteUser):
     """Pull by offset from any queue; the caller keeps offsets (or commits them with
-    `commit_offset`)."""
+    `commit_offset`), or lets `iterate` do both."""
 
     def __init__(
         self,
@@ -150,8 +132,11 @@ class AsyncPullConsumer(_RouteUser):
         broker_addr: str | list[str] | None = None,
         token: str | None = None,
         request_timeout_s: float = 40.0,
+        ca_file: str | None = None,
+        client_cert: str | tuple[str, str] | None = None,
     ) -> None:
-        super().__init__(namesrv_addr, broker_addr, token, request_timeout_s)
+        super().__init__(namesrv_addr, broker_addr, token, request_timeout_s, ca_file, client_cert)
+        self._iterators: list[PullIterator] = []
 
     async def queues(self, topic: str) -> list[MessageQueue]:
         """Every readable queue of `topic`, per broker set. A route that does not carry queue
@@ -174,6 +159,11 @@ class AsyncPullConsumer(_RouteUser):
             raise TopicNotExistError(f"no broker set holds topic {topic!r}")
         return out
 
+    async def queue_offsets(self, topic: str, broker_name: str | None = None) -> dict[int, tuple[int, int]]:
+        """{queue id: (min offset, max offset)} of `topic` in one broker set."""
+        doc = await self._read(topic, broker_name, "GET", f"/topics/{seg(topic)}")
+        return {q["queueId"]: (q["minOffset"], q["maxOffset"]) for q in doc.get("queues", [])}
+
     async def pull(
         self,
         topic: str,
@@ -183,16 +173,29 @@ class AsyncPullConsumer(_RouteUser):
         wait_ms: int = 0,
         broker_name: str | None = None,
     ) -> PullResult:
-        params = {"offset": offset, "maxMessages": max_messages, "waitMs": wait_ms}
+        """Up to `max_messages` from `offset` (long-polling up to `wait_ms` at the queue's end),
+        read from the set's master or, if it does not answer, a slave. The page travels in the
+        broker's binary form (`client.received`)."""
         broker = await self._broker(topic, broker_name)
         path = f"/topics/{seg(topic)}/queues/{seg(queue_id)}/messages"
-        doc = await self._read(topic, broker.broker_name, "GET", path, params=params)
-        return PullResult(
-            [ReceivedMessage.from_json(m, broker.broker_name) for m in doc["messages"]],
-            doc["nextOffset"],
-            doc["minOffset"],
-            doc["maxOffset"],
-        )
+        params = {"offset": offset, "maxMessages": max_messages, "waitMs": wait_ms, "format": "binary"}
+        last: LedgerMQError | None = None
+        for url in broker.urls():
+            try:
+                resp = await self.transport.send("GET", url + path, params=params)
+            except BrokerUnreachableError as exc:
+                last = exc
+                continue
+            if resp.status == 200 and resp.content_type == PULL_BINARY_CONTENT_TYPE:
+                return decode_binary_page(resp.body, topic, broker.broker_name)
+            try:
+                decode_answer(resp, f"GET {url}{path}")
+            except NotMasterError as exc:
+                last = exc
+                continue
+            raise ServerError(f"pull from {url}: unexpected answer {resp.status} {resp.content_type}")
+        self.routes.invalidate(topic)
+        raise last or BrokerUnreachableError(f"no address for broker set {broker.broker_name}")
 
     async def committed_offsets(
         self, group: str, topic: str, broker_name: str | None = None
@@ -216,11 +219,46 @@ class AsyncPullConsumer(_RouteUser):
             self.routes.invalidate(topic)
             raise
 
+    async def iterate(
+        self,
+        topic: str,
+        group: str | None = None,
+        *,
+        start: str = "committed",
+        batch: int = 256,
+        wait_ms: int = 1000,
+        prefetch_pages: int = 2,
+        commit_interval_ms: int = 5000,
+    ) -> PullIterator:
+        """Every message of every queue of `topic` (all broker sets), pulled ahead of the caller
+        (`client.prefetch.PullIterator`): `async for m in await c.iterate("t", "g")`. With a
+        `group`, positions are committed every `commit_interval_ms` and at `close()`. `start`:
+        `committed` (the group's offsets; earliest where it has none), `earliest`, `latest`."""
+        it = PullIterator(self, topic, group, start, batch, wait_ms, prefetch_pages, commit_interval_ms)
+        await it.start()
+        self._iterators.append(it)
+        return it
+
+    async def close(self) -> None:
+        """Close the iterators (committing their positions) and the connections."""
+        for it in self._iterators:
+            await it.close()
+        self._iterators.clear()
+        await super().close()
+
 
 class AsyncSimpleConsumer(_RouteUser):
     """Group consumption: `receive` hides messages for `invisible_ms`; `ack` settles them; an
     unacked message comes back with `reconsume_times` + 1, and after the broker's
-    maxReconsumeTimes it goes to `%DLQ%{group}`."""
+    maxReconsumeTimes it goes to `%DLQ%{group}`.
+
+    Pipelined: with `receive_ahead` (default), once a receive has answered, the next one (same
+    arguments, next broker set) is sent at once, so the next `receive` call finds its messages
+    waiting — their invisibility time runs from then. `ack_async` coalesces the acks of a broker
+    set into one request (flushed at 64 handles or after 2 ms)."""
+
+    ACK_BATCH = 64
+    ACK_LINGER_S = 0.002
 
     def __init__(
         self,
@@ -233,11 +271,22 @@ class AsyncSimpleConsumer(_RouteUser):
         invisible_ms: int = 30_000,
         request_timeout_s: float = 40.0,
         fault_isolation_ms: int = 10_000,
+        receive_ahead: bool = True,
+        ca_file: str | None = None,
+        client_cert: str | tuple[str, str] | None = None,
+        client_id: str | None = None,
     ) -> None:
-        super().__init__(namesrv_addr, broker_addr, token, request_timeout_s)
+        self.client_id = client_id or new_client_id()
+        headers = {"X-Client-Id": self.client_id}
+        super().__init__(namesrv_addr, broker_addr, token, request_timeout_s, ca_file, client_cert, headers)
         self.group, self.topic, self.invisible_ms = group, topic, invisible_ms
         self.fault = LatencyFaultTolerance(fault_isolation_ms)
+        self.receive_ahead = receive_ahead
         self._turn = itertools.count()
+        self._ahead: tuple[tuple[int, int, int], asyncio.Task[list[ReceivedMessage]]] | None = None
+        self._acks: dict[str | None, list[tuple[ReceivedMessage, asyncio.Future[dict[str, Any]]]]] = {}
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._ack_tasks: set[asyncio.Task[None]] = set()
 
     async def receive(
         self, max_messages: int = 16, wait_ms: int = 0, invisible_ms: int | None = None
@@ -245,6 +294,21 @@ class AsyncSimpleConsumer(_RouteUser):
         """Receive from the topic's broker sets in turn (one set per call). A set that cannot
         serve (no connection, no master) is skipped for `fault_isolation_ms` and the next set
         asked in the same call; the error is raised only when no set could serve."""
+        invisible = self.invisible_ms if invisible_ms is None else invisible_ms
+        key = (max_messages, wait_ms, invisible)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == key:
+            msgs = await ahead[1]
+        else:
+            if ahead is not None:
+                await self._release(await ahead[1])
+            msgs = await self._receive_now(*key)
+        if self.receive_ahead:
+            task = asyncio.get_running_loop().create_task(self._receive_now(*key))
+            self._ahead = (key, task)
+        return msgs
+
+    async def _receive_now(self, max_messages: int, wait_ms: int, invisible_ms: int) -> list[ReceivedMessage]:
         route = await self.routes.get(self.topic)
         if not route.brokers:
             return []
@@ -253,7 +317,7 @@ class AsyncSimpleConsumer(_RouteUser):
             "maxMessages": max_messages,
             "waitMs": wait_ms,
             # 0 is the caller's value (the broker refuses it), not "use the default"
-            "invisibleMs": self.invisible_ms if invisible_ms is None else invisible_ms,
+            "invisibleMs": invisible_ms,
         }
         turn = next(self._turn)
         ordered = [route.brokers[(turn + i) % len(route.brokers)] for i in range(len(route.brokers))]
@@ -270,6 +334,14 @@ class AsyncSimpleConsumer(_RouteUser):
             return [ReceivedMessage.from_json(m, broker.broker_name) for m in doc["messages"]]
         assert last is not None
         raise last
+
+    async def _release(self, msgs: list[ReceivedMessage]) -> None:
+        """Give back messages received ahead that the caller will not see (redelivered at once)."""
+        if msgs:
+            try:
+                await self._settle("nack", msgs)
+            except LedgerMQError as exc:  # they come back when their invisibility ends anyway
+                log.warning("release of %d received-ahead messages failed: %s", len(msgs), exc)
 
     async def _settle(self, action: str, msgs: list[ReceivedMessage]) -> dict[str, Any]:
         """One request per broker set; `{"results": [...]}` with one entry per message, in the
@@ -304,12 +376,60 @@ class AsyncSimpleConsumer(_RouteUser):
         status EXPIRED when the handle is no longer current (the message was redelivered)."""
         return await self._settle("ack", list(msgs))
 
+    def ack_async(self, msg: ReceivedMessage) -> asyncio.Future[dict[str, Any]]:
+        """Ack `msg` in the next coalesced request of its broker set; the future resolves to its
+        `{"receiptHandle", "status"}` (or the request's error)."""
+        if msg.receipt_handle is None:
+            raise ValueError(f"message {msg.msg_id} has no receipt handle (was it received?)")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[dict[str, Any]] = loop.create_future()
+        pending = self._acks.setdefault(msg.broker_name, [])
+        pending.append((msg, fut))
+        if len(pending) >= self.ACK_BATCH:
+            self._flush_acks_of(msg.broker_name)
+        elif self._ack_timer is None:
+            self._ack_timer = loop.call_later(self.ACK_LINGER_S, self._flush_acks)
+        return fut
+
+    def _flush_acks(self) -> None:
+        self._ack_timer = None
+        for name in list(self._acks):
+            self._flush_acks_of(name)
+
+    def _flush_acks_of(self, broker_name: str | None) -> None:
+        pending = self._acks.pop(broker_name, None)
+        if pending:
+            task = asyncio.get_running_loop().create_task(self._send_acks(pending))
+            self._ack_tasks.add(task)
+            task.add_done_callback(self._ack_tasks.discard)
+
+    async def _send_acks(self, pending: list[tuple[ReceivedMessage, asyncio.Future[dict[str, Any]]]]) -> None:
+        try:
+            doc = await self._settle("ack", [m for m, _ in pending])
+        except LedgerMQError as exc:
+            for _, fut in pending:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        for (_, fut), r in zip(pending, doc["results"], strict=True):
+            if not fut.done():
+                fut.set_result(r)
+
+    async def flush_acks(self) -> None:
+        """Send the coalesced acks now and wait for their answers."""
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+        self._flush_acks()
+        if self._ack_tasks:
+            await asyncio.gather(*self._ack_tasks, return_exceptions=True)
+
     async def nack(self, *msgs: ReceivedMessage) -> dict[str, Any]:
         """Give messages back now (redelivered at once, counted as a reconsume); results as `ack`."""
         return await self._settle("nack", list(msgs))
 
     async def change_invisible_duration(self, msg: ReceivedMessage, invisible_ms: int) -> ReceivedMessage:
-        """Hide `msg` for `invisible_ms` from now; updates and returns it with its new handle."""
+        """Hide `msg` for `invisible_ms` from now; on success it carries its new handle (the old
+        one is kept if the request fails)."""
         if msg.receipt_handle is None:
             raise ValueError(f"message {msg.msg_id} has no receipt handle (was it received?)")
         broker = await self._broker(self.topic, msg.broker_name)
@@ -322,29 +442,42 @@ class AsyncSimpleConsumer(_RouteUser):
         msg.receipt_handle = doc.get("receiptHandle", msg.receipt_handle)
         return msg
 
+    async def close(self) -> None:
+        """Send pending acks, give back messages received ahead, close the connections."""
+        await self.flush_acks()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            try:
+                await self._release(await ahead[1])
+            except LedgerMQError:
+                pass
+        await super().close()
+
 
 class _SyncWrapper:
-    """Runs an async client on a private event loop (not usable inside a running loop)."""
+    """Runs an async client on a background event loop (`client.loop`)."""
 
     _async_cls: type
 
     def __init__(self, *args: Any, **kw: Any) -> None:
-        self._runner: asyncio.Runner | None = asyncio.Runner()
-        self._c = self._runner.run(_make(self._async_cls, *args, **kw))
+        self._bg = BackgroundLoop(f"ledgermq-{self._async_cls.__name__}")
+        try:
+            self._c = self._bg.call(construct(self._async_cls, *args, **kw))
+        except BaseException:
+            self._bg.close()
+            raise
 
     def _run(self, coro: Any) -> Any:
-        if self._runner is None:
-            coro.close()
-            raise RuntimeError("the client is closed")
-        return self._runner.run(coro)
+        return self._bg.call(coro)
 
     def close(self) -> None:
-        """Close the connections and the private event loop (a second call does nothing)."""
-        if self._runner is None:
+        """Close the connections and the background loop (a second call does nothing)."""
+        if self._bg.closed:
             return
-        self._runner.run(self._c.close())
-        self._runner.close()
-        self._runner = None
+        try:
+            self._bg.call(self._c.close())
+        finally:
+            self._bg.close()
 
     def __enter__(self) -> Any:
         return self
@@ -353,12 +486,8 @@ class _SyncWrapper:
         self.close()
 
 
-async def _make(cls: type, *args: Any, **kw: Any) -> Any:
-    return cls(*args, **kw)
-
-
 class PullConsumer(_SyncWrapper):
-    """Blocking twin of `AsyncPullConsumer` (same methods)."""
+    """Blocking twin of `AsyncPullConsumer` (same methods; `iterate` returns a plain iterator)."""
 
     _async_cls = AsyncPullConsumer
 
@@ -384,9 +513,14 @@ class PullConsumer(_SyncWrapper):
     ) -> None:
         self._run(self._c.commit_offset(group, topic, offsets, broker_name))
 
+    def iterate(self, topic: str, group: str | None = None, **kw: Any) -> SyncPullIterator:
+        """See `AsyncPullConsumer.iterate`: `for m in consumer.iterate("t", "g"): ...`."""
+        return SyncPullIterator(self._bg, self._run(self._c.iterate(topic, group, **kw)))
+
 
 class SimpleConsumer(_SyncWrapper):
-    """Blocking twin of `AsyncSimpleConsumer` (same methods)."""
+    """Blocking twin of `AsyncSimpleConsumer` (same methods; `ack_async` returns a
+    `concurrent.futures.Future`)."""
 
     _async_cls = AsyncSimpleConsumer
 
@@ -398,8 +532,29 @@ class SimpleConsumer(_SyncWrapper):
     def ack(self, *msgs: ReceivedMessage) -> dict[str, Any]:
         return self._run(self._c.ack(*msgs))
 
+    def ack_async(self, *msgs: ReceivedMessage) -> list[concurrent.futures.Future[dict[str, Any]]]:
+        """Queue acks (coalesced per broker set) and return at once; one future per message."""
+        futs: list[concurrent.futures.Future[dict[str, Any]]] = [concurrent.futures.Future() for _ in msgs]
+        self._bg.call_soon(self._queue_acks, msgs, futs)
+        return futs
+
+    def _queue_acks(self, msgs: tuple[ReceivedMessage, ...], futs: list[concurrent.futures.Future]) -> None:
+        for m, f in zip(msgs, futs, strict=True):
+            try:
+                self._c.ack_async(m).add_done_callback(lambda a, f=f: _copy_outcome(a, f))
+            except ValueError as exc:  # no receipt handle
+                f.set_exception(exc)
+
+    def flush_acks(self) -> None:
+        self._run(self._c.flush_acks())
+
     def nack(self, *msgs: ReceivedMessage) -> dict[str, Any]:
         return self._run(self._c.nack(*msgs))
 
     def change_invisible_duration(self, msg: ReceivedMessage, invisible_ms: int) -> ReceivedMessage:
         return self._run(self._c.change_invisible_duration(msg, invisible_ms))
+
+
+def _copy_outcome(src: asyncio.Future[Any], dst: concurrent.futures.Future[Any]) -> None:
+    exc = src.exception()
+    dst.set_exception(exc) if exc is not None else dst.set_result(src.result())

@@ -181,6 +181,32 @@ class SendOutcomeUnknownError(OutcomeUnknownError):
         return self.messages[0].idempotency_key
 
 
+class ProducerBufferFullError(LedgerMQError):
+    """The producer's buffer (`buffer_max_bytes`) stayed full for `max_block_ms`: the message was
+    not accepted, nothing of it was sent. Safe: send it again later (anywhere, any key); a full
+    buffer means the brokers do not keep up or cannot be reached."""
+
+    code = "BUFFER_FULL"
+    retryable = True
+
+
+class SendTimeoutError(LedgerMQError):
+    """A message of the batching producer waited `send_timeout_s` without an attempt that may
+    have reached a broker (queued behind a busy queue, or only refused): nothing was stored.
+    Safe: send it again, anywhere."""
+
+    code = "SEND_TIMEOUT"
+    retryable = True
+
+
+class ProducerClosedError(LedgerMQError):
+    """The producer is closed, or was closed before this message could be sent. Raised by `send`
+    after `close()` (nothing sent); given to the messages a `close(timeout)` gave up on (those
+    that may have reached a broker get `SendOutcomeUnknownError` instead)."""
+
+    code = "PRODUCER_CLOSED"
+
+
 class BrokerUnreachableError(LedgerMQError):
     """No broker or name server answered: every connection failed before any byte of the request
     was sent (refused, reset or timed out while connecting, no address). Nothing reached a server.

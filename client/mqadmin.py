@@ -27,8 +27,9 @@ from client.errors import LedgerMQError
 from client.producer import Message, Producer
 
 
-def print_table(rows: list[dict[str, Any]], columns: list[str] | None = None, out=sys.stdout,
-                fancy: bool | None = None) -> None:
+def print_table(
+    rows: list[dict[str, Any]], columns: list[str] | None = None, out=sys.stdout, fancy: bool | None = None
+) -> None:
     """Print `rows` as a table: a rich table when `out` is a terminal (or `rich=True`), else aligned
     plain columns with the header first (RocketMQ's mqadmin prints that way); `fancy` forces either."""
     if not rows:
@@ -87,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("-n", "--namesrvAddr", default=os.environ.get("NAMESRV_ADDR", "127.0.0.1:9876"))
     common.add_argument("-b", "--brokerAddr", help="talk to this broker directly instead of the name servers")
     common.add_argument("--token", default=os.environ.get("LEDGERMQ_TOKEN"), help="ACL bearer token")
+    common.add_argument("--ca-file", help="CA bundle (PEM): talk TLS to every broker and name server")
+    common.add_argument(
+        "--client-cert", help="client certificate and key (PEM), for brokers that ask for one"
+    )
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
 
@@ -148,9 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _addrs(args: argparse.Namespace) -> dict[str, Any]:
+    kw: dict[str, Any] = {"token": args.token, "ca_file": args.ca_file, "client_cert": args.client_cert}
     if args.brokerAddr:
-        return {"broker_addr": args.brokerAddr, "token": args.token}
-    return {"namesrv_addr": args.namesrvAddr, "token": args.token}
+        return {"broker_addr": args.brokerAddr, **kw}
+    return {"namesrv_addr": args.namesrvAddr, **kw}
 
 
 def _message_row(m: Any) -> dict[str, Any]:
@@ -169,126 +175,175 @@ def _message_row(m: Any) -> dict[str, Any]:
     }
 
 
+Result = tuple[Any, "list[str] | None"]  # (data, table columns)
+
+
 def _error_column(rows: list[dict[str, Any]]) -> list[str]:
     """["error"] when a row reports a broker set that did not answer."""
     return ["error"] if any("error" in r for r in rows) else []
 
 
-def run(args: argparse.Namespace) -> tuple[Any, list[str] | None]:
+def cmd_send_message(args: argparse.Namespace) -> Result:
+    with Producer(**_addrs(args)) as p:
+        keys = [k for k in (args.keys or "").split(",") if k]
+        r = p.send(args.topic, Message(body=args.body, tags=args.tags, keys=keys, queue_id=args.queueId))
+    row = {
+        "brokerName": r.broker_name,
+        "queueId": r.queue_id,
+        "queueOffset": r.queue_offset,
+        "msgId": r.msg_id,
+    }
+    return [row], None
+
+
+def cmd_consume_message(args: argparse.Namespace) -> Result:
+    with PullConsumer(**_addrs(args)) as c:
+        queues = [q for q in c.queues(args.topic) if args.queueId is None or q.queue_id == args.queueId]
+        rows = []
+        for q in queues:
+            res = c.pull(args.topic, q.queue_id, max(args.offset, 0), args.count, broker_name=q.broker_name)
+            rows += [_message_row(m) for m in res.messages]
+    return rows, None
+
+
+def cmd_update_topic(a: Admin, args: argparse.Namespace) -> Result:
+    out = a.update_topic(
+        args.topic,
+        args.readQueueNums,
+        args.writeQueueNums,
+        args.perm,
+        cluster=args.clusterName,
+        broker_name=args.brokerName,
+        attributes=args.attributes,
+    )
+    rows = []
+    for b, d in out.items():
+        row = {k: d[k] for k in ("topic", "readQueueNums", "writeQueueNums", "perm")}
+        if d.get("attributes"):
+            row["attributes"] = ",".join(f"{k}={v}" for k, v in sorted(d["attributes"].items()))
+        rows.append({"brokerName": b, **row})
+    return rows, None
+
+
+def _sub_group_rows(groups: dict[str, Any], args: argparse.Namespace) -> Result:
+    if args.json:
+        return groups, None
+    return [
+        {
+            "brokerName": b,
+            "group": d["group"],
+            "retryMaxTimes": d["retryMaxTimes"],
+            "consumeMessageOrderly": d["consumeMessageOrderly"],
+            "retryPolicy": json.dumps(d["retryPolicy"]) if d["retryPolicy"] else "none (at once)",
+        }
+        for b, d in groups.items()
+    ], None
+
+
+def cmd_get_sub_group(a: Admin, args: argparse.Namespace) -> Result:
+    return _sub_group_rows(a.sub_group(args.groupName), args)
+
+
+def cmd_update_sub_group(a: Admin, args: argparse.Namespace) -> Result:
+    changes: dict[str, Any] = {}
+    if args.retryMaxTimes is not None:
+        changes["retryMaxTimes"] = args.retryMaxTimes
+    if args.consumeMessageOrderly is not None:
+        changes["consumeMessageOrderly"] = args.consumeMessageOrderly == "true"
+    if args.groupRetryPolicy is not None:
+        changes["retryPolicy"] = args.groupRetryPolicy
+    return _sub_group_rows(a.update_sub_group(args.groupName, changes, args.clusterName, args.brokerName), args)
+
+
+def cmd_delete_topic(a: Admin, args: argparse.Namespace) -> Result:
+    return [
+        {"brokerName": b, "deleted": args.topic} for b in a.delete_topic(args.topic, args.clusterName)
+    ], None
+
+
+def cmd_topic_list(a: Admin, args: argparse.Namespace) -> Result:
+    return [{"topic": t} for t in a.topic_list()], None
+
+
+def cmd_topic_route(a: Admin, args: argparse.Namespace) -> Result:
+    doc = a.topic_route(args.topic)
+    if args.json:
+        return doc, None
+    return [
+        {
+            "brokerName": b["brokerName"],
+            "masterAddr": b.get("masterAddr"),
+            "addrs": " ".join(f"{k}={v}" for k, v in sorted(b["addrs"].items())),
+            "readQueueNums": b["readQueueNums"],
+            "writeQueueNums": b["writeQueueNums"],
+            "perm": b["perm"],
+        }
+        for b in doc["brokers"]
+    ], None
+
+
+def cmd_topic_status(a: Admin, args: argparse.Namespace) -> Result:
+    rows = a.topic_status(args.topic)
+    return rows, ["brokerName", "queueId", "minOffset", "maxOffset", *_error_column(rows)]
+
+
+def cmd_cluster_list(a: Admin, args: argparse.Namespace) -> Result:
+    columns = [
+        "cluster",
+        "brokerName",
+        "brokerId",
+        "addr",
+        "role",
+        "selfId",
+        "term",
+        "leaderId",
+        "committedIndex",
+    ]
+    return a.cluster_list(), columns
+
+
+def cmd_consumer_progress(a: Admin, args: argparse.Namespace) -> Result:
+    rows = a.consumer_progress(args.consumerGroup, args.topic)
+    columns = ["brokerName", "topic", "queueId", "offset", "maxOffset", "lag"]
+    return rows, [*columns, *_error_column(rows)]
+
+
+def cmd_query_msg_by_id(a: Admin, args: argparse.Namespace) -> Result:
+    return a.query_msg_by_id(args.msgId), None
+
+
+def cmd_reset_offset_by_time(a: Admin, args: argparse.Namespace) -> Result:
+    return a.reset_offset_by_time(args.group, args.topic, args.timestamp), None
+
+
+def cmd_leadership_transfer(a: Admin, args: argparse.Namespace) -> Result:
+    return a.leadership_transfer(args.brokerName, args.transfereeId), None
+
+
+# Commands that need a producer or a consumer, and those that run on an Admin.
+CLIENT_COMMANDS = {"sendMessage": cmd_send_message, "consumeMessage": cmd_consume_message}
+ADMIN_COMMANDS = {
+    "updateTopic": cmd_update_topic,
+    "updateSubGroup": cmd_update_sub_group,
+    "getSubGroup": cmd_get_sub_group,
+    "deleteTopic": cmd_delete_topic,
+    "topicList": cmd_topic_list,
+    "topicRoute": cmd_topic_route,
+    "topicStatus": cmd_topic_status,
+    "clusterList": cmd_cluster_list,
+    "consumerProgress": cmd_consumer_progress,
+    "queryMsgById": cmd_query_msg_by_id,
+    "resetOffsetByTime": cmd_reset_offset_by_time,
+    "leadershipTransfer": cmd_leadership_transfer,
+}
+
+
+def run(args: argparse.Namespace) -> Result:
     """Execute one command; returns (data, table columns)."""
-    kw = _addrs(args)
-    cmd = args.command
-    if cmd in ("sendMessage",):
-        with Producer(kw.get("namesrv_addr"), broker_addr=kw.get("broker_addr"), token=args.token) as p:
-            keys = [k for k in (args.keys or "").split(",") if k]
-            r = p.send(args.topic, Message(body=args.body, tags=args.tags, keys=keys, queue_id=args.queueId))
-        return [
-            {
-                "brokerName": r.broker_name,
-                "queueId": r.queue_id,
-                "queueOffset": r.queue_offset,
-                "msgId": r.msg_id,
-            }
-        ], None
-    if cmd == "consumeMessage":
-        with PullConsumer(kw.get("namesrv_addr"), broker_addr=kw.get("broker_addr"), token=args.token) as c:
-            queues = [q for q in c.queues(args.topic) if args.queueId is None or q.queue_id == args.queueId]
-            rows = []
-            for q in queues:
-                res = c.pull(
-                    args.topic, q.queue_id, max(args.offset, 0), args.count, broker_name=q.broker_name
-                )
-                rows += [_message_row(m) for m in res.messages]
-        return rows, None
-    with Admin(kw.get("namesrv_addr"), broker_addr=kw.get("broker_addr"), token=args.token) as a:
-        if cmd == "updateTopic":
-            out = a.update_topic(
-                args.topic,
-                args.readQueueNums,
-                args.writeQueueNums,
-                args.perm,
-                cluster=args.clusterName,
-                broker_name=args.brokerName,
-                attributes=args.attributes,
-            )
-            rows = []
-            for b, d in out.items():
-                row = {k: d[k] for k in ("topic", "readQueueNums", "writeQueueNums", "perm")}
-                if d.get("attributes"):
-                    row["attributes"] = ",".join(f"{k}={v}" for k, v in sorted(d["attributes"].items()))
-                rows.append({"brokerName": b, **row})
-            return rows, None
-        if cmd in ("updateSubGroup", "getSubGroup"):
-            if cmd == "getSubGroup":
-                groups = a.sub_group(args.groupName)
-            else:
-                changes: dict[str, Any] = {}
-                if args.retryMaxTimes is not None:
-                    changes["retryMaxTimes"] = args.retryMaxTimes
-                if args.consumeMessageOrderly is not None:
-                    changes["consumeMessageOrderly"] = args.consumeMessageOrderly == "true"
-                if args.groupRetryPolicy is not None:
-                    changes["retryPolicy"] = args.groupRetryPolicy
-                groups = a.update_sub_group(args.groupName, changes, args.clusterName, args.brokerName)
-            if args.json:
-                return groups, None
-            return [
-                {
-                    "brokerName": b,
-                    "group": d["group"],
-                    "retryMaxTimes": d["retryMaxTimes"],
-                    "consumeMessageOrderly": d["consumeMessageOrderly"],
-                    "retryPolicy": json.dumps(d["retryPolicy"]) if d["retryPolicy"] else "none (at once)",
-                }
-                for b, d in groups.items()
-            ], None
-        if cmd == "deleteTopic":
-            return [
-                {"brokerName": b, "deleted": args.topic} for b in a.delete_topic(args.topic, args.clusterName)
-            ], None
-        if cmd == "topicList":
-            return [{"topic": t} for t in a.topic_list()], None
-        if cmd == "topicRoute":
-            doc = a.topic_route(args.topic)
-            if args.json:
-                return doc, None
-            return [
-                {
-                    "brokerName": b["brokerName"],
-                    "masterAddr": b.get("masterAddr"),
-                    "addrs": " ".join(f"{k}={v}" for k, v in sorted(b["addrs"].items())),
-                    "readQueueNums": b["readQueueNums"],
-                    "writeQueueNums": b["writeQueueNums"],
-                    "perm": b["perm"],
-                }
-                for b in doc["brokers"]
-            ], None
-        if cmd == "topicStatus":
-            rows = a.topic_status(args.topic)
-            return rows, ["brokerName", "queueId", "minOffset", "maxOffset", *_error_column(rows)]
-        if cmd == "clusterList":
-            return a.cluster_list(), [
-                "cluster",
-                "brokerName",
-                "brokerId",
-                "addr",
-                "role",
-                "selfId",
-                "term",
-                "leaderId",
-                "committedIndex",
-            ]
-        if cmd == "consumerProgress":
-            rows = a.consumer_progress(args.consumerGroup, args.topic)
-            columns = ["brokerName", "topic", "queueId", "offset", "maxOffset", "lag"]
-            return rows, [*columns, *_error_column(rows)]
-        if cmd == "queryMsgById":
-            return a.query_msg_by_id(args.msgId), None
-        if cmd == "resetOffsetByTime":
-            return a.reset_offset_by_time(args.group, args.topic, args.timestamp), None
-        if cmd == "leadershipTransfer":
-            return a.leadership_transfer(args.brokerName, args.transfereeId), None
-    raise AssertionError(cmd)
+    if args.command in CLIENT_COMMANDS:
+        return CLIENT_COMMANDS[args.command](args)
+    with Admin(**_addrs(args)) as a:
+        return ADMIN_COMMANDS[args.command](a, args)
 
 
 def main(argv: list[str] | None = None, out=None) -> int:

@@ -1,43 +1,58 @@
-"""`Producer` / `AsyncProducer`: send messages to the master of a topic's broker set.
+"""`Producer` / `AsyncProducer`: send messages to the masters of a topic's broker sets.
 
-Queue selection is round robin over the writable (broker set, queue) pairs of the topic's route; a
-message's own `queue_id` is kept. Every message of a `send`/`send_batch` call gets an
-`idempotencyKey` (uuid4, unless the caller set one) before its first attempt — fresh per call and
-never written into the caller's `Message`, so sending the same object again stores it again — and a
-retry within the call goes to the same broker set and queue with the same keys, so the master
-answers a retried key with the original result instead of storing it twice. This holds across
-master failover because the key table is rebuilt from the replicated log. Retries happen on
-NOT_MASTER (to the named master, or after a route refresh), connection errors, 503 and 504
-(outcome unknown), until `send_timeout_s` has passed.
+`send`/`send_async` batch by themselves, Kafka-style: messages wait in the accumulator
+(`client.accumulator`) per broker set and queue, and the sender (`client.sender`) sends a queue's
+batch when it is full (`batch_max_messages`, `batch_max_bytes`), has waited `linger_ms`, or at once
+when its set has no request in flight; at most `max_in_flight` requests per set, one batch per
+queue, so a queue's messages are stored in the order they were sent, retries included. Each
+message gets its own future and result. Messages without a `queue_id` stick to one (set, queue)
+until its batch leaves, then go to the next (Kafka's sticky partitioner); a message's own
+`queue_id` is kept. `buffer_max_bytes` bounds what waits: a send past it blocks up to
+`max_block_ms`, then raises `ProducerBufferFullError`. `flush()` sends everything now and waits;
+`close()` flushes. `send_batch` is one request of the caller's messages, stored together in order.
+
+Every message gets an `idempotencyKey` before its first attempt (a per-producer random prefix and
+a counter, unless the caller set one) — fresh per send and never written into the caller's
+`Message`, so sending the same object again stores it again — and every retry sends the same
+keys to the same set, so the master answers a retried key with the first result instead of
+storing it twice, also across a master failover (the key table is rebuilt from the replicated
+log). Retries happen on NOT_MASTER (to the named master, or after a route refresh), connection
+errors, 503 and 504, until `send_timeout_s` has passed.
 
 A send whose attempts may have reached a broker (`client.outcome`) and then failed is reported as
 `SendOutcomeUnknownError` naming the set, never as unreachable or refused: only the caller can
-then decide to resend it there with the same keys.
+then decide to resend it there with the same keys. Several broker sets: a set that fails an
+attempt is avoided for `fault_isolation_ms` (`client.fault`), and a send its set refused
+definitively moves to another set — only while no attempt may have reached a set.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
+import collections
+import concurrent.futures
 import dataclasses
 import itertools
 import logging
+import threading
 import time
-import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import uvloop
+
+from client.accumulator import BufferPool, Record, RecordAccumulator
 from client.errors import (
-    BrokerUnreachableError,
     LedgerMQError,
     NotMasterError,
+    ProducerClosedError,
     SendOutcomeUnknownError,
-    ServerError,
     TopicNotExistError,
 )
 from client.fault import LatencyFaultTolerance
+from client.message import KeyGenerator, Message, SendResult, as_message
 from client.outcome import Delivery, delivery_of
+from client.sender import Sender, refused_by_set
 from client.transport import (
     PERM_WRITE,
     AsyncTransport,
@@ -48,69 +63,39 @@ from client.transport import (
     split_addrs,
 )
 
+__all__ = ["AsyncProducer", "Message", "Producer", "SendResult"]
+
 log = logging.getLogger(__name__)
 
+# What a message costs the buffer beyond its body: the JSON around it and its key.
+RECORD_OVERHEAD_BYTES = 96
 
-@dataclass
-class Message:
-    """A message to send. `body` bytes are sent base64 unless valid UTF-8 text. Set
-    `idempotency_key` only to make separate sends of it count as one (the producer gives every
-    send its own key otherwise)."""
-
-    body: bytes | str
-    tags: str | None = None
-    keys: list[str] = field(default_factory=list)
-    properties: dict[str, str] = field(default_factory=dict)
-    queue_id: int | None = None
-    idempotency_key: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """The produce API's message object (`idempotencyKey` only when set here)."""
-        if isinstance(self.body, str):
-            body, enc = self.body, "utf-8"
-        else:
-            try:
-                body, enc = self.body.decode("utf-8"), "utf-8"
-            except UnicodeDecodeError:
-                body, enc = base64.b64encode(self.body).decode("ascii"), "base64"
-        doc: dict[str, Any] = {"body": body, "bodyEncoding": enc}
-        if self.tags is not None:
-            doc["tags"] = self.tags
-        if self.keys:
-            doc["keys"] = list(self.keys)
-        if self.properties:
-            doc["properties"] = dict(self.properties)
-        if self.queue_id is not None:
-            doc["queueId"] = self.queue_id
-        if self.idempotency_key is not None:
-            doc["idempotencyKey"] = self.idempotency_key
-        return doc
+SendCallback = Callable[[SendResult | None, BaseException | None], None]
 
 
-@dataclass
-class SendResult:
-    """Where a message was stored."""
-
-    msg_id: str
-    queue_id: int
-    queue_offset: int
-    commit_log_offset: int
-    broker_name: str
+def _record_size(doc: dict[str, Any]) -> int:
+    return len(doc["body"]) + RECORD_OVERHEAD_BYTES
 
 
-def _as_message(m: Message | bytes | str) -> Message:
-    return m if isinstance(m, Message) else Message(body=m)
+def _with_callback(fut: Any, callback: SendCallback) -> None:
+    """Call `callback(result, None)` or `callback(None, error)` when `fut` resolves (on the
+    producer's loop: keep it short)."""
+
+    def done(f: Any) -> None:
+        if f.cancelled():
+            callback(None, ProducerClosedError("send cancelled"))
+            return
+        exc = f.exception()
+        callback(None, exc) if exc is not None else callback(f.result(), None)
+
+    fut.add_done_callback(done)
 
 
 class AsyncProducer:
     """Asyncio producer. `namesrv_addr`: `host:port;host:port` or a list; `broker_addr` for a
-    single broker without a name server.
-
-    With several broker sets, a set that fails an attempt (no connection, no master, a refusal
-    to write, an unknown outcome) is avoided for `fault_isolation_ms` (`client.fault`, RocketMQ's
-    latency-fault tolerance; `send_latency_fault_enable` also avoids slow sets), and a send that
-    the chosen set refused definitively moves to another set at once — only then: a send that may
-    have reached a set stays there (see `SendOutcomeUnknownError`)."""
+    single broker without a name server. See the module docstring for batching, retries and
+    the errors; defaults follow Kafka's producer (linger 5 ms, 5 requests in flight per set,
+    32 MiB buffer) and the broker's batch shape (256 KiB, the size of one DLedger entry)."""
 
     def __init__(
         self,
@@ -120,16 +105,51 @@ class AsyncProducer:
         token: str | None = None,
         send_timeout_s: float = 15.0,
         request_timeout_s: float = 5.0,
+        linger_ms: float = 5.0,
+        batch_max_messages: int = 1000,
+        batch_max_bytes: int = 256 * 1024,
+        max_in_flight: int = 5,
+        buffer_max_bytes: int = 32 * 1024 * 1024,
+        max_block_ms: float = 60_000,
         fault_isolation_ms: int = 10_000,
         send_latency_fault_enable: bool = False,
+        ca_file: str | None = None,
+        client_cert: str | tuple[str, str] | None = None,
     ) -> None:
-        self.transport = AsyncTransport(token=token, timeout_s=request_timeout_s)
+        if batch_max_messages < 1 or batch_max_bytes < 1 or max_in_flight < 1 or buffer_max_bytes < 1:
+            raise ValueError(
+                "batch_max_messages, batch_max_bytes, max_in_flight, buffer_max_bytes must be >= 1"
+            )
+        self.transport = AsyncTransport(
+            token=token,
+            timeout_s=request_timeout_s,
+            max_connections=max(64, max_in_flight),
+            ca_file=ca_file,
+            client_cert=client_cert,
+        )
         self.routes = RouteCache(self.transport, split_addrs(namesrv_addr), split_addrs(broker_addr))
         self.send_timeout_s = send_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.max_in_flight = max_in_flight
         self.fault = LatencyFaultTolerance(fault_isolation_ms, send_latency_fault_enable)
+        self.accumulator = RecordAccumulator(batch_max_messages, batch_max_bytes, linger_ms)
+        self.pool = BufferPool(buffer_max_bytes, max_block_ms)
+        self.stats = {"requests": 0, "retries": 0, "moves": 0}
+        self._keys = KeyGenerator()
         self._counter = itertools.count()
-        self.retries = 0  # attempts beyond the first, for tests and metrics
-        self.moves = 0  # sends moved to another broker set after a refusal
+        self._sticky: dict[str, tuple[str, int | None]] = {}
+        self._sender: Sender | None = None
+        self._closed = False
+
+    @property
+    def retries(self) -> int:
+        """Attempts beyond the first, for tests and metrics."""
+        return self.stats["retries"]
+
+    @property
+    def moves(self) -> int:
+        """Sends moved to another broker set after a refusal."""
+        return self.stats["moves"]
 
     async def __aenter__(self) -> AsyncProducer:
         return self
@@ -137,55 +157,146 @@ class AsyncProducer:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def close(self) -> None:
-        """Close the HTTP connections."""
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Stop taking messages, send what waits (within `timeout_s`, None: no limit), fail what
+        is left (`ProducerClosedError`, or `SendOutcomeUnknownError` where an attempt may have
+        reached a broker), and close the connections. A second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._sender is not None:
+            await self._sender.close(timeout_s, lambda: ProducerClosedError("the producer was closed"))
         await self.transport.aclose()
 
+    async def flush(self) -> None:
+        """Send every message sent so far now, and return when each has its result."""
+        if self._sender is not None:
+            await self._sender.flush()
+
+    # ---- batched sends -------------------------------------------------------------------------
     async def send(
         self, topic: str, message: Message | bytes | str, *, broker_name: str | None = None, **kw: Any
     ) -> SendResult:
-        """Send one message; keyword args (tags, keys, properties, queue_id, idempotency_key)
-        override the message's fields for this send (the caller's `Message` is not changed).
-        `broker_name` sends to that broker set (e.g. to resend after `SendOutcomeUnknownError`)."""
-        msg = _as_message(message)
-        if kw:
-            msg = dataclasses.replace(msg, **kw)
-        return (await self.send_batch(topic, [msg], broker_name=broker_name))[0]
+        """Send one message and wait for its result; batched with concurrent sends. Keyword args
+        (tags, keys, properties, queue_id, idempotency_key) override the message's fields for this
+        send (the caller's `Message` is not changed). `broker_name` sends to that broker set (e.g.
+        to resend after `SendOutcomeUnknownError`). Errors: see `send_batch`, plus
+        `ProducerBufferFullError` and `SendTimeoutError` (nothing sent)."""
+        return await (await self.send_async(topic, message, broker_name=broker_name, **kw))
 
-    async def send_batch(
+    async def send_async(
         self,
         topic: str,
-        messages: Iterable[Message | bytes | str],
+        message: Message | bytes | str,
         *,
         broker_name: str | None = None,
-    ) -> list[SendResult]:
-        """Send messages in one request to one broker set, stored in order. A message with a
-        `queue_id` goes to that queue; the others go together to the queue picked for the batch
-        (so a batch without queue ids is stored contiguously in one queue). `broker_name` picks
-        the set (default: the next writable set in turn, skipping sets being avoided); a send
-        with neither a broker name nor queue ids moves to another set when its set refuses.
+        callback: SendCallback | None = None,
+        **kw: Any,
+    ) -> asyncio.Future[SendResult]:
+        """Queue one message and return its future at once (waiting only for room in the buffer,
+        up to `max_block_ms`). `callback(result, error)` runs when it resolves."""
+        if self._closed:
+            raise ProducerClosedError("the producer is closed")
+        msg, doc, size = self._prepare(message, kw)
+        await self.pool.reserve(size)
+        fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        if callback is not None:
+            _with_callback(fut, callback)
+        try:
+            await self._enqueue(topic, msg, doc, size, fut, broker_name)
+        except BaseException:
+            self.pool.release(size)
+            raise
+        return fut
 
-        Raises, when every retry until `send_timeout_s` failed: `SendOutcomeUnknownError` if any
-        attempt may have reached a set (it names the set and keeps the keys: resend them
-        there); otherwise the last refusal (`NotMasterError`, `BrokerUnreachableError`, a 4xx
-        error, `DiskFullError`), which means nothing of this send was stored."""
-        msgs = [_as_message(m) for m in messages]
-        if not msgs:
-            return []
-        docs = [m.to_json() for m in msgs]
-        for doc in docs:  # this call's keys: reused by its retries, never by a later call
-            doc.setdefault("idempotencyKey", uuid.uuid4().hex)
-        pinned = [m.queue_id for m in msgs if m.queue_id is not None]
-        route = await self.routes.get(topic)
-        brokers = route.brokers
+    def _prepare(
+        self, message: Message | bytes | str, kw: dict[str, Any]
+    ) -> tuple[Message, dict[str, Any], int]:
+        """The message with `kw` applied, its request document with its key, and its size."""
+        msg = as_message(message)
+        if kw:
+            msg = dataclasses.replace(msg, **kw)
+        doc = msg.to_json()
+        if "idempotencyKey" not in doc:
+            doc["idempotencyKey"] = self._keys()
+        return msg, doc, _record_size(doc)
+
+    async def _enqueue(
+        self,
+        topic: str,
+        msg: Message,
+        doc: dict[str, Any],
+        size: int,
+        fut: Any,
+        broker_name: str | None,
+    ) -> None:
+        """Append a prepared message to its queue's batch (on the loop)."""
+        route = self.routes.fresh(topic) or await self.routes.get(topic)
+        sticky = None
         if broker_name is not None:
             brokers = [b for b in route.brokers if b.broker_name == broker_name]
             if not brokers:
                 raise TopicNotExistError(f"broker set {broker_name!r} does not hold topic {topic!r}")
-        broker, queue_id = self._select(brokers, max(pinned) + 1 if pinned else 0, topic)
-        send = _Send(topic, msgs, docs, movable=broker_name is None and not pinned)
-        send.assign(broker.broker_name, queue_id)
-        return await self._send_with_retry(send)
+            min_queues = 0 if msg.queue_id is None else msg.queue_id + 1
+            target, queue = self._select(brokers, min_queues, topic)
+        elif msg.queue_id is not None:
+            target, queue = self._set_for_queue(route.brokers, msg.queue_id, topic)
+        else:
+            sticky = self._sticky.get(topic)
+            if sticky is None or not self.fault.is_available(sticky[0]) or route.broker(sticky[0]) is None:
+                b, q = self._select(route.brokers, 0, topic)
+                sticky = self._sticky[topic] = (b.broker_name, q)
+            target, queue = None, sticky[1]
+        set_name = sticky[0] if sticky is not None else target.broker_name  # type: ignore[union-attr]
+        if msg.queue_id is not None:
+            queue = msg.queue_id
+        elif queue is not None:
+            doc["queueId"] = queue
+        record = Record(
+            topic,
+            msg,
+            doc,
+            size,
+            fut,
+            time.monotonic() + self.send_timeout_s,
+            pinned_queue=msg.queue_id is not None,
+            pinned_set=broker_name is not None,
+        )
+        if self.accumulator.append(topic, set_name, queue, record) and sticky is not None:
+            self._sticky.pop(topic, None)
+        if self._sender is None:
+            self._sender = Sender(
+                transport=self.transport,
+                routes=self.routes,
+                fault=self.fault,
+                accumulator=self.accumulator,
+                pool=self.pool,
+                choose_set=lambda brokers, t, exclude: self._select(brokers, 0, t, exclude),
+                on_drain=self._on_drain,
+                max_in_flight=self.max_in_flight,
+                request_timeout_s=self.request_timeout_s,
+                stats=self.stats,
+            )
+            self._sender.start()
+        self._sender.added(1)
+
+    def _on_drain(self, batch: Any) -> None:
+        """A batch left: the topic's next unpinned messages go to the next (set, queue)."""
+        if self._sticky.get(batch.topic) == (batch.broker_name, batch.queue_id):
+            del self._sticky[batch.topic]
+
+    def _set_for_queue(
+        self, brokers: list[BrokerSetRoute], queue_id: int, topic: str
+    ) -> tuple[BrokerSetRoute, int | None]:
+        """The set for a message whose caller chose only the queue: the first writable set (in
+        route order, not being avoided) that has it, so the queue's messages stay in one place."""
+        writable = [
+            b for b in brokers if b.perm & PERM_WRITE and queue_id < (b.write_queue_nums or queue_id + 1)
+        ]
+        if not writable:
+            raise TopicNotExistError(f"no writable broker set of topic {topic!r} has queue {queue_id}")
+        ok = [b for b in writable if self.fault.is_available(b.broker_name)] or writable
+        return ok[0], queue_id
 
     def _select(
         self, brokers: list[BrokerSetRoute], min_queues: int, topic: str, exclude: Iterable[str] = ()
@@ -218,9 +329,48 @@ class AsyncProducer:
         pairs = [(b, q) for b in writable for q in range(b.write_queue_nums)] or [(b, None) for b in writable]
         return pairs[next(self._counter) % len(pairs)]
 
+    # ---- one request of the caller's messages --------------------------------------------------
+    async def send_batch(
+        self,
+        topic: str,
+        messages: Iterable[Message | bytes | str],
+        *,
+        broker_name: str | None = None,
+    ) -> list[SendResult]:
+        """Send messages in one request to one broker set, stored in order. A message with a
+        `queue_id` goes to that queue; the others go together to the queue picked for the batch
+        (so a batch without queue ids is stored contiguously in one queue). `broker_name` picks
+        the set (default: the next writable set in turn, skipping sets being avoided); a send
+        with neither a broker name nor queue ids moves to another set when its set refuses.
+
+        Raises, when every retry until `send_timeout_s` failed: `SendOutcomeUnknownError` if any
+        attempt may have reached a set (it names the set and keeps the keys: resend them
+        there); otherwise the last refusal (`NotMasterError`, `BrokerUnreachableError`, a 4xx
+        error, `DiskFullError`), which means nothing of this send was stored."""
+        if self._closed:
+            raise ProducerClosedError("the producer is closed")
+        msgs = [as_message(m) for m in messages]
+        if not msgs:
+            return []
+        docs = [m.to_json() for m in msgs]
+        for doc in docs:  # this call's keys: reused by its retries, never by a later call
+            if "idempotencyKey" not in doc:
+                doc["idempotencyKey"] = self._keys()
+        pinned = [m.queue_id for m in msgs if m.queue_id is not None]
+        route = await self.routes.get(topic)
+        brokers = route.brokers
+        if broker_name is not None:
+            brokers = [b for b in route.brokers if b.broker_name == broker_name]
+            if not brokers:
+                raise TopicNotExistError(f"broker set {broker_name!r} does not hold topic {topic!r}")
+        broker, queue_id = self._select(brokers, max(pinned) + 1 if pinned else 0, topic)
+        send = _Send(topic, msgs, docs, movable=broker_name is None and not pinned)
+        send.assign(broker.broker_name, queue_id)
+        return await self._send_with_retry(send)
+
     async def _send_with_retry(self, send: _Send) -> list[SendResult]:
         """POST the messages to their set's master, retrying with the same keys until
-        `send_timeout_s`. A movable send that its set refused (`_refused_by_set`) before any
+        `send_timeout_s`. A movable send that its set refused (`refused_by_set`) before any
         attempt may have reached a set moves to another set. Once an attempt may have reached a
         set, the send stays there and its final error is a `SendOutcomeUnknownError`, whatever
         later attempts saw (a dead set refuses connections: that says nothing about the request
@@ -245,6 +395,7 @@ class AsyncProducer:
                     url = broker.master_url if broker else None
                 if url is None:
                     raise NotMasterError(f"broker set {broker_name} has no master in the route")
+                self.stats["requests"] += 1
                 doc = await self.transport.request("POST", url + path, json=payload)
                 self.fault.update(broker_name, (time.monotonic() - started) * 1000, failed=False)
                 return [
@@ -258,9 +409,9 @@ class AsyncProducer:
                 hint = (
                     base_url(exc.master_addr) if isinstance(exc, NotMasterError) and exc.master_addr else None
                 )
-                if hint is None and (delivery is Delivery.MAYBE or _refused_by_set(exc)):
+                if hint is None and (delivery is Delivery.MAYBE or refused_by_set(exc)):
                     self.fault.update(broker_name, (time.monotonic() - started) * 1000, failed=True)
-                if send.movable and maybe_reached is None and _refused_by_set(exc):
+                if send.movable and maybe_reached is None and refused_by_set(exc):
                     tried.add(broker_name)
                     if await self._move(send, tried, exc):
                         attempt += 1
@@ -285,7 +436,7 @@ class AsyncProducer:
                     exc.code,
                 )
             attempt += 1
-            self.retries += 1
+            self.stats["retries"] += 1
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
@@ -304,12 +455,12 @@ class AsyncProducer:
             why.code,
         )
         send.assign(broker.broker_name, queue_id)
-        self.moves += 1
+        self.stats["moves"] += 1
         return True
 
 
 class _Send:
-    """One send in flight: its messages, their request documents and the set they go to."""
+    """One `send_batch` in flight: its messages, their request documents and the set they go to."""
 
     def __init__(self, topic: str, msgs: list[Message], docs: list[dict[str, Any]], movable: bool) -> None:
         self.topic = topic
@@ -329,16 +480,6 @@ class _Send:
                     doc["queueId"] = queue_id
 
 
-def _refused_by_set(exc: LedgerMQError) -> bool:
-    """The set as a whole cannot take writes now, and said so before storing anything: no
-    connection to its master, no master known, a refusal such as DISK_FULL."""
-    if isinstance(exc, BrokerUnreachableError):
-        return True
-    if isinstance(exc, NotMasterError):
-        return not exc.master_addr
-    return isinstance(exc, ServerError) and delivery_of(exc) is Delivery.REFUSED
-
-
 def _as_sent(msgs: list[Message], docs: list[dict[str, Any]]) -> list[Message]:
     """The messages with the idempotency keys and queue ids they were sent with."""
     return [
@@ -348,32 +489,128 @@ def _as_sent(msgs: list[Message], docs: list[dict[str, Any]]) -> list[Message]:
 
 
 class Producer:
-    """Blocking producer: the same as `AsyncProducer`, run on a private event loop. Do not use it
-    from inside a running event loop (use AsyncProducer there)."""
+    """Blocking producer: an `AsyncProducer` on a background thread with its own event loop (the
+    I/O thread of Kafka's producer). `send` blocks for the result; `send_async` returns a
+    `concurrent.futures.Future` at once (blocking only while the buffer is full, up to
+    `max_block_ms`), with an optional `callback(result, error)` run on the I/O thread. Safe to
+    use from several threads. Same keyword arguments as `AsyncProducer`."""
 
     def __init__(self, namesrv_addr: str | list[str] | None = None, **kw: Any) -> None:
-        self._runner = asyncio.Runner()
-        self._p: AsyncProducer = self._runner.run(_make(AsyncProducer, namesrv_addr, **kw))
+        self._loop = uvloop.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="ledgermq-producer", daemon=True)
+        self._thread.start()
+        self._p: AsyncProducer = self._call(_make(AsyncProducer, namesrv_addr, **kw))
+        self._intake: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._intake_lock = threading.Lock()
+        self._intake_woken = False
+        self._intake_event = asyncio.Event()
+        self._intake_idle = asyncio.Event()
+        self._intake_task = self._call(_start_task(self._take_intake()))
+        self._closed = False
+
+    def _call(self, coro: Any, timeout_s: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
     def send(
         self, topic: str, message: Message | bytes | str, *, broker_name: str | None = None, **kw: Any
     ) -> SendResult:
-        """See `AsyncProducer.send`."""
-        return self._runner.run(self._p.send(topic, message, broker_name=broker_name, **kw))
+        """Send one message and wait for its result. See `AsyncProducer.send`."""
+        return self.send_async(topic, message, broker_name=broker_name, **kw).result()
+
+    def send_async(
+        self,
+        topic: str,
+        message: Message | bytes | str,
+        *,
+        broker_name: str | None = None,
+        callback: SendCallback | None = None,
+        **kw: Any,
+    ) -> concurrent.futures.Future[SendResult]:
+        """Queue one message; its future resolves with the SendResult or the error."""
+        if self._closed:
+            raise ProducerClosedError("the producer is closed")
+        msg, doc, size = self._p._prepare(message, kw)
+        self._p.pool.reserve_blocking(size)
+        fut: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+        if callback is not None:
+            _with_callback(fut, callback)
+        self._intake.append((topic, msg, doc, size, fut, broker_name))
+        with self._intake_lock:
+            if not self._intake_woken:
+                self._intake_woken = True
+                self._loop.call_soon_threadsafe(self._intake_event.set)
+        return fut
+
+    async def _take_intake(self) -> None:
+        """On the loop: move what `send_async` queued into the accumulator, in order."""
+        while True:
+            await self._intake_event.wait()
+            self._intake_event.clear()
+            with self._intake_lock:
+                self._intake_woken = False
+            while self._intake:
+                topic, msg, doc, size, fut, broker_name = self._intake.popleft()
+                try:
+                    await self._p._enqueue(topic, msg, doc, size, fut, broker_name)
+                except Exception as exc:  # e.g. no route for the topic: this message fails alone
+                    self._p.pool.release(size)
+                    fut.set_exception(exc)
+            self._intake_idle.set()
+
+    async def _drain_intake(self) -> None:
+        """Return once everything `send_async` queued so far is in the accumulator."""
+        while self._intake:
+            self._intake_idle.clear()
+            self._intake_event.set()
+            await self._intake_idle.wait()
+
+    async def _flush(self) -> None:
+        await self._drain_intake()
+        await self._p.flush()
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Send every message sent so far now, and return when each has its result."""
+        self._call(self._flush(), timeout_s)
 
     def send_batch(
         self, topic: str, messages: Iterable[Message | bytes | str], *, broker_name: str | None = None
     ) -> list[SendResult]:
         """See `AsyncProducer.send_batch`."""
-        return self._runner.run(self._p.send_batch(topic, list(messages), broker_name=broker_name))
+        return self._call(self._p.send_batch(topic, list(messages), broker_name=broker_name))
 
     @property
     def retries(self) -> int:
         return self._p.retries
 
-    def close(self) -> None:
-        self._runner.run(self._p.close())
-        self._runner.close()
+    @property
+    def moves(self) -> int:
+        return self._p.moves
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Flush (within `timeout_s`), fail what is left, stop the I/O thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._call(self._flush_and_close(timeout_s))
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    async def _flush_and_close(self, timeout_s: float | None) -> None:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._drain_intake()
+        except TimeoutError:
+            pass
+        self._intake_task.cancel()
+        await asyncio.gather(self._intake_task, return_exceptions=True)
+        while self._intake:  # what the intake never took
+            _, _, _, size, fut, _ = self._intake.popleft()
+            self._p.pool.release(size)
+            fut.set_exception(ProducerClosedError("the producer was closed"))
+        await self._p.close(timeout_s)
 
     def __enter__(self) -> Producer:
         return self
@@ -383,5 +620,9 @@ class Producer:
 
 
 async def _make(cls: type, *args: Any, **kw: Any) -> Any:
-    # httpx.AsyncClient must be created on the loop that will use it.
+    # The transport's connections belong to the loop they are created on.
     return cls(*args, **kw)
+
+
+async def _start_task(coro: Any) -> asyncio.Task[Any]:
+    return asyncio.get_running_loop().create_task(coro)

@@ -1,16 +1,16 @@
-"""HTTP plumbing shared by the SDK: one httpx client, problem+json → typed exceptions, and the
-name-server route cache."""
+"""HTTP plumbing shared by the SDK: the HTTP client (`client.http`), problem+json → typed
+exceptions, and the name-server route cache."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-import httpx
 import orjson
 
 from client.errors import (
@@ -20,7 +20,8 @@ from client.errors import (
     TopicNotExistError,
     error_from_problem,
 )
-from client.outcome import transport_error
+from client.http import HttpClient, HttpResponse, HttpTransportError
+from client.outcome import ERROR_FOR_PHASE
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +51,56 @@ def split_addrs(addrs: str | list[str] | None) -> list[str]:
 
 
 class AsyncTransport:
-    """One pooled `httpx.AsyncClient`; `request` returns decoded JSON or raises a LedgerMQError."""
+    """The SDK's HTTP client (`client.http`, one keep-alive pool per origin); `request` returns
+    decoded JSON or raises a LedgerMQError (a failure without an answer as the phase it happened
+    in says: `client.outcome`).
 
-    def __init__(self, token: str | None = None, timeout_s: float = 10.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=3.0),
-            headers=headers,
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+    TLS: with `ca_file` (PEM bundle) every connection — to `host:port` addresses as the name
+    servers hand them out, too — is TLS verified against that CA; `client_cert` (PEM with the
+    certificate and its key, or a (cert, key) pair) is shown to servers that ask for one.
+    `headers` go with every request."""
+
+    def __init__(
+        self,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        *,
+        max_connections: int = 64,
+        ca_file: str | None = None,
+        client_cert: str | tuple[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        hdrs = dict(headers or {})
+        if token:
+            hdrs["Authorization"] = f"Bearer {token}"
+        self.http = HttpClient(
+            max_connections=max_connections, headers=hdrs, ssl_context=tls_context(ca_file, client_cert)
         )
         self.timeout_s = timeout_s
+
+    async def send(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes = b"",
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> HttpResponse:
+        """The raw answer of any status; a failure without an answer raised as its SDK error."""
+        try:
+            return await self.http.request(
+                method,
+                url,
+                body=body,
+                params={k: v for k, v in params.items() if v is not None} if params else None,
+                headers=headers,
+                timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+            )
+        except HttpTransportError as exc:
+            # By the phase it failed in: unreachable (nothing sent) or outcome unknown.
+            raise ERROR_FOR_PHASE[exc.phase](f"{method} {url}: {exc} (failed in phase {exc.phase})") from exc
 
     async def request(
         self,
@@ -72,41 +113,50 @@ class AsyncTransport:
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> Any:
-        hdrs = dict(headers or {})
+        """Decoded JSON (text for another content type, None for an empty answer); an error
+        answer raised as the typed exception of its problem `code`."""
         if json is not None:
             content = orjson.dumps(json)
-            hdrs.setdefault("Content-Type", "application/json")
-        try:
-            resp = await self._client.request(
-                method,
-                url,
-                content=content,
-                params=params,
-                headers=hdrs,
-                timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
-            )
-        except httpx.TransportError as exc:
-            # By the phase it failed in: unreachable (nothing sent) or outcome unknown.
-            raise transport_error(exc, f"{method} {url}") from exc
-        if resp.status_code >= 400:
-            try:
-                body = orjson.loads(resp.content)
-            except orjson.JSONDecodeError:
-                body = resp.text
-            raise error_from_problem(resp.status_code, body)
-        if not resp.content:
-            return None
-        ctype = resp.headers.get("content-type", "")
-        if "json" not in ctype:
-            return resp.text
-        try:
-            return orjson.loads(resp.content)
-        except orjson.JSONDecodeError as exc:
-            detail = f"{method} {url}: answer is not valid JSON: {exc}"
-            raise ServerError(detail, status=resp.status_code) from None
+            headers = {"Content-Type": "application/json", **(headers or {})}
+        resp = await self.send(
+            method, url, body=content or b"", params=params, headers=headers, timeout_s=timeout_s
+        )
+        return decode_answer(resp, f"{method} {url}")
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self.http.aclose()
+
+
+def tls_context(ca_file: str | None, client_cert: str | tuple[str, str] | None) -> ssl.SSLContext | None:
+    """The client TLS context for `ca_file` / `client_cert`; None without a CA file (plain HTTP,
+    except to `https://` URLs, verified against the system's CAs)."""
+    if ca_file is None:
+        if client_cert is not None:
+            raise ValueError("client_cert needs ca_file (the CA that signed the servers' certificates)")
+        return None
+    ctx = ssl.create_default_context(cafile=ca_file)
+    if client_cert is not None:
+        cert, key = (client_cert, None) if isinstance(client_cert, str) else client_cert
+        ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+def decode_answer(resp: HttpResponse, what: str) -> Any:
+    """The JSON of a 2xx answer; an error answer as the typed exception of its problem `code`."""
+    if resp.status >= 400:
+        try:
+            body = orjson.loads(resp.body)
+        except orjson.JSONDecodeError:
+            body = resp.body.decode("utf-8", "replace")
+        raise error_from_problem(resp.status, body)
+    if not resp.body:
+        return None
+    if "json" not in resp.content_type:
+        return resp.body.decode("utf-8", "replace")
+    try:
+        return orjson.loads(resp.body)
+    except orjson.JSONDecodeError as exc:
+        raise ServerError(f"{what}: answer is not valid JSON: {exc}", status=resp.status) from None
 
 
 @dataclass
@@ -188,6 +238,17 @@ class RouteCache:
                 raise
             self._routes[topic] = route
             return route
+
+    def cached(self, topic: str) -> TopicRoute | None:
+        """The cached route of `topic`, however old (no I/O)."""
+        return self._routes.get(topic)
+
+    def fresh(self, topic: str) -> TopicRoute | None:
+        """The cached route of `topic` if it is younger than `ttl_s` (no I/O)."""
+        route = self._routes.get(topic)
+        if route is not None and time.monotonic() - route.fetched_at < self.ttl_s:
+            return route
+        return None
 
     def invalidate(self, topic: str) -> None:
         self._routes.pop(topic, None)

@@ -104,22 +104,18 @@ def _as_dict(value: Any) -> dict | None:
 
 def build_spark(master: str):
     """A SparkSession for the job with the ``ledgermq`` source registered."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     import pipeline
 
-    spark = (
-        SparkSession.builder.appName("ledgermq-pipeline")
-        .master(master)
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
+    spark = pipeline.session(
+        "ledgermq-pipeline",
+        master,
+        **{
+            "spark.sql.session.timeZone": "UTC",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.ui.showConsoleProgress": "false",
+        },
     )
     spark.sparkContext.setLogLevel("ERROR")
-    pipeline.register(spark)
     return spark
 
 

@@ -12,14 +12,14 @@ import pytest
 from client import Producer, PullConsumer
 from client.errors import TopicNotExistError
 from client.mqadmin import main as mqadmin
-from tests.integration._ledgermq_procs import (
-    namesrv_and_broker,
-)
+from tests.integration._ledgermq_procs import namesrv_and_broker, wait_http
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     with namesrv_and_broker(tmp_path_factory.mktemp("mqadmin"), "broker-s") as (_, ns, broker):
+        # /health answers before the broker's first registration reaches the name server.
+        wait_http(f"http://{ns}/cluster", ok=lambda r: "broker-s" in r.json()["brokers"])
         yield {"ns": ns, "broker": broker}
 
 

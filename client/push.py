@@ -1,0 +1,304 @@
+"""`PushConsumer` / `AsyncPushConsumer`: a listener called for each message of a topic, as
+RocketMQ's push consumer does, over the group-consumption API (receive / ack / nack / invisible).
+
+- One receive loop per broker set keeps a long-poll receive outstanding (`receive_batch`
+  messages, at most what the cache has room for: `max_cached_messages` / `max_cached_bytes`,
+  flow control; RocketMQ's defaults 1,024 messages / 64 MiB, 32 per receive).
+- `consume_thread_count` workers call the listener: threads for a plain function, tasks for a
+  coroutine function. A listener that returns acks the message (acks coalesced per set); one
+  that raises gives it back after a backoff (`retry_backoff_ms`, doubling per attempt up to
+  `retry_backoff_max_ms`) through its invisibility time, so it comes back with attempt + 1 (the
+  broker dead-letters it after `maxReconsumeTimes`).
+- A handler that runs long keeps its message hidden: the invisibility is renewed at 2/3 of
+  `invisible_ms` (LedgerMQ has no server-side renewal), swapping in the new receipt handle.
+- `shutdown(timeout_s)` stops receiving, lets running handlers finish (up to `timeout_s`), gives
+  back the messages no handler started (visible again at once), then sends the pending acks.
+- `lag()` is the group's lag over every queue of the topic (committed low-water marks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import inspect
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from client.consumer import AsyncSimpleConsumer
+from client.errors import LedgerMQError
+from client.loop import BackgroundLoop, construct
+from client.received import ReceivedMessage
+from client.transport import seg
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[ReceivedMessage], Any]
+
+
+class AsyncPushConsumer:
+    """See the module docstring. `listener(message)`: a function or a coroutine function; its
+    exception means "not consumed"."""
+
+    def __init__(
+        self,
+        group: str,
+        topic: str,
+        listener: Listener,
+        namesrv_addr: str | list[str] | None = None,
+        *,
+        broker_addr: str | list[str] | None = None,
+        token: str | None = None,
+        consume_thread_count: int = 20,
+        receive_batch: int = 32,
+        wait_ms: int = 20_000,
+        invisible_ms: int = 30_000,
+        max_cached_messages: int = 1024,
+        max_cached_bytes: int = 64 * 1024 * 1024,
+        retry_backoff_ms: int = 1000,
+        retry_backoff_max_ms: int = 60_000,
+        ca_file: str | None = None,
+        client_cert: str | tuple[str, str] | None = None,
+    ) -> None:
+        self.listener = listener
+        self.is_async = inspect.iscoroutinefunction(listener)
+        self.simple = AsyncSimpleConsumer(
+            group,
+            topic,
+            namesrv_addr,
+            broker_addr=broker_addr,
+            token=token,
+            invisible_ms=invisible_ms,
+            request_timeout_s=wait_ms / 1000.0 + 10.0,
+            receive_ahead=False,
+            ca_file=ca_file,
+            client_cert=client_cert,
+        )
+        self.group, self.topic = group, topic
+        self.consume_thread_count = consume_thread_count
+        self.receive_batch, self.wait_ms, self.invisible_ms = receive_batch, wait_ms, invisible_ms
+        self.max_cached_messages, self.max_cached_bytes = max_cached_messages, max_cached_bytes
+        self.retry_backoff_ms, self.retry_backoff_max_ms = retry_backoff_ms, retry_backoff_max_ms
+        self.stats = {"received": 0, "consumed": 0, "failed": 0, "renewed": 0, "released": 0}
+        self._cached = 0
+        self._cached_bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._waiting: collections.deque[ReceivedMessage] = collections.deque()  # received, no handler yet
+        self._work = asyncio.Event()
+        self._in_handler: dict[int, ReceivedMessage] = {}  # id(msg) -> msg, being handled
+        self._renewals: dict[int, asyncio.TimerHandle] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._side: set[asyncio.Task[Any]] = set()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._running = False
+
+    async def start(self) -> None:
+        """Start receiving from every broker set of the topic and calling the listener."""
+        loop = asyncio.get_running_loop()
+        route = await self.simple.routes.get(self.topic)
+        self._running = True
+        if not self.is_async:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self.consume_thread_count, thread_name_prefix=f"ledgermq-push-{self.group}"
+            )
+        for broker in route.brokers:
+            self._tasks.append(loop.create_task(self._receive_loop(broker.broker_name)))
+        for _ in range(self.consume_thread_count):
+            self._tasks.append(loop.create_task(self._worker()))
+
+    # ---- receiving -----------------------------------------------------------------------------
+    async def _receive_loop(self, broker_name: str) -> None:
+        body = {"topic": self.topic, "waitMs": self.wait_ms, "invisibleMs": self.invisible_ms}
+        path = f"/consumers/{seg(self.group)}/receive"
+        while self._running:
+            room = min(self.receive_batch, self.max_cached_messages - self._cached)
+            if room <= 0 or self._cached_bytes >= self.max_cached_bytes:
+                self._room.clear()
+                await self._room.wait()
+                continue  # (shutdown sets _room too: the loop condition ends it)
+            try:
+                broker = await self.simple._broker(self.topic, broker_name)
+                doc = await self.simple._write(self.topic, broker, path, {**body, "maxMessages": room})
+            except LedgerMQError as exc:
+                log.warning("push receive failed group=%s broker=%s: %s", self.group, broker_name, exc)
+                await asyncio.sleep(1.0)  # RocketMQ's back-off after a failed receive
+                continue
+            if not self._running:  # shut down while the long poll was out: give them back
+                await self._give_back([ReceivedMessage.from_json(m, broker_name) for m in doc["messages"]])
+                return
+            for m in doc["messages"]:
+                msg = ReceivedMessage.from_json(m, broker_name)
+                self._cached += 1
+                self._cached_bytes += len(msg.body)
+                self._waiting.append(msg)
+            self.stats["received"] += len(doc["messages"])
+            if doc["messages"]:
+                self._work.set()
+
+    # ---- consuming -----------------------------------------------------------------------------
+    async def _worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._waiting:
+                if not self._running:
+                    return
+                self._work.clear()
+                await self._work.wait()
+            msg = self._waiting.popleft()
+            self._in_handler[id(msg)] = msg
+            self._schedule_renewal(msg)
+            try:
+                if self.is_async:
+                    await self.listener(msg)
+                else:
+                    await loop.run_in_executor(self._pool, self.listener, msg)
+            except Exception as exc:  # the listener's failure: consume again later
+                self.stats["failed"] += 1
+                log.info("push listener failed group=%s msg=%s attempt=%d: %r", self.group, msg.msg_id,
+                         msg.attempt, exc)  # fmt: skip
+                self._done(msg)
+                self._side_task(self._retry_later(msg))
+            else:
+                self.stats["consumed"] += 1
+                self._done(msg)
+                self.simple.ack_async(msg).add_done_callback(_log_ack_failure)
+
+    def _done(self, msg: ReceivedMessage) -> None:
+        self._in_handler.pop(id(msg), None)
+        timer = self._renewals.pop(id(msg), None)
+        if timer is not None:
+            timer.cancel()
+        self._cached -= 1
+        self._cached_bytes -= len(msg.body)
+        if not self._room.is_set():
+            self._room.set()
+
+    async def _retry_later(self, msg: ReceivedMessage) -> None:
+        delay_ms = min(self.retry_backoff_ms * 2 ** (msg.attempt - 1), self.retry_backoff_max_ms)
+        try:
+            await self.simple.change_invisible_duration(msg, delay_ms)
+        except LedgerMQError as exc:  # it comes back when its invisibility ends anyway
+            log.warning("push backoff failed group=%s msg=%s: %s", self.group, msg.msg_id, exc)
+
+    # ---- invisibility renewal ------------------------------------------------------------------
+    def _schedule_renewal(self, msg: ReceivedMessage) -> None:
+        loop = asyncio.get_running_loop()
+        self._renewals[id(msg)] = loop.call_later(
+            self.invisible_ms * 2 / 3000.0, lambda: self._side_task(self._renew(msg))
+        )
+
+    async def _renew(self, msg: ReceivedMessage) -> None:
+        if id(msg) not in self._in_handler:
+            return
+        try:
+            await self.simple.change_invisible_duration(msg, self.invisible_ms)
+            self.stats["renewed"] += 1
+        except LedgerMQError as exc:
+            log.warning("push renewal failed group=%s msg=%s: %s", self.group, msg.msg_id, exc)
+        if id(msg) in self._in_handler:
+            self._schedule_renewal(msg)
+
+    def _side_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._side.add(task)
+        task.add_done_callback(self._side.discard)
+
+    # ---- shutdown and lag ----------------------------------------------------------------------
+    async def _give_back(self, msgs: list[ReceivedMessage]) -> None:
+        """Make received messages visible again at once (invisibility 0), not counted as consumed."""
+        for msg in msgs:
+            try:
+                await self.simple.change_invisible_duration(msg, 0)
+                self.stats["released"] += 1
+            except LedgerMQError as exc:
+                log.warning("push release failed group=%s msg=%s: %s", self.group, msg.msg_id, exc)
+
+    async def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Stop receiving; let running handlers finish (up to `timeout_s`); give back what no
+        handler started; send the pending acks; close the connections. Idempotent."""
+        if not self._running and not self._tasks:
+            return
+        self._running = False
+        receive_tasks = self._tasks[: len(self._tasks) - self.consume_thread_count]
+        workers = self._tasks[len(receive_tasks) :]
+        unstarted = list(self._waiting)  # no handler starts another message from now on
+        self._waiting.clear()
+        self._work.set()
+        # A receive on the wire may already hold messages for us: let it answer (RocketMQ waits
+        # for in-flight receives too), then its messages are given back.
+        self._room.set()
+        if receive_tasks:
+            _, late = await asyncio.wait(receive_tasks, timeout=self.wait_ms / 1000.0 + 5.0)
+            for t in late:
+                t.cancel()
+            await asyncio.gather(*receive_tasks, return_exceptions=True)
+        _, pending = await asyncio.wait(workers, timeout=timeout_s) if workers else (set(), set())
+        for t in pending:
+            t.cancel()
+        await self._give_back(unstarted)
+        if self._side:
+            await asyncio.gather(*self._side, return_exceptions=True)
+        await self.simple.flush_acks()
+        self._tasks.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        await self.simple.close()
+
+    async def lag(self) -> int:
+        """Messages of the topic the group has not consumed yet, over every queue and set."""
+        total = 0
+        route = await self.simple.routes.get(self.topic)
+        for broker in route.brokers:
+            doc = await self.simple._read(
+                self.topic, broker.broker_name, "GET", f"/consumers/{seg(self.group)}/offsets",
+                params={"topic": self.topic},
+            )  # fmt: skip
+            total += sum(max(0, o.get("lag", 0)) for o in doc["offsets"] if o["topic"] == self.topic)
+        return total
+
+
+def _log_ack_failure(fut: asyncio.Future[Any]) -> None:
+    exc = fut.exception()
+    if exc is not None:  # the message comes back when its invisibility ends: at least once
+        log.warning("push ack failed: %s", exc)
+
+
+class PushConsumer:
+    """Blocking `AsyncPushConsumer` on a background event loop; a plain-function listener runs
+    on `consume_thread_count` threads. `start()`, `shutdown(timeout_s)`, `lag()`, `stats`."""
+
+    def __init__(self, group: str, topic: str, listener: Listener, *args: Any, **kw: Any) -> None:
+        self._bg = BackgroundLoop(f"ledgermq-push-{group}")
+        self._c: AsyncPushConsumer = self._bg.call(
+            construct(AsyncPushConsumer, group, topic, listener, *args, **kw)
+        )
+        self._lock = threading.Lock()
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return self._c.stats
+
+    def start(self) -> None:
+        self._bg.call(self._c.start())
+
+    def lag(self) -> int:
+        return self._bg.call(self._c.lag())
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        with self._lock:
+            if self._bg.closed:
+                return
+            try:
+                self._bg.call(self._c.shutdown(timeout_s))
+            finally:
+                self._bg.close()
+
+    def __enter__(self) -> PushConsumer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

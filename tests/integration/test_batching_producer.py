@@ -1,0 +1,182 @@
+"""The batching producer (issue 14) against real brokers: concurrent sends are batched, each message
+keeps its own result and a queue's messages are stored in the order they were sent; a message the
+broker refuses fails alone, its batch-mates are stored; a full buffer blocks for `max_block_ms`,
+then raises `ProducerBufferFullError`; a master SIGKILL during 20 s of batched sends loses no
+message whose future succeeded and stores none twice."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from client import Message, Producer
+from client.errors import BadRequestError, LedgerMQError, ProducerBufferFullError, SendOutcomeUnknownError
+from client.outcome import Delivery, delivery_of
+from client.producer import AsyncProducer
+from tests.integration._ledgermq_procs import (
+    ProcessGroup,
+    namesrv_and_broker,
+    start_dledger_set,
+    start_namesrv,
+    wait_http,
+    wait_master,
+)
+
+
+def read_queue(addr: str, topic: str, queue_id: int) -> list[dict]:
+    out, offset = [], 0
+    while True:
+        doc = httpx.get(
+            f"http://{addr}/topics/{topic}/queues/{queue_id}/messages",
+            params={"offset": offset, "maxMessages": 1024},
+            timeout=10,
+        ).json()
+        out += doc["messages"]
+        if doc["nextOffset"] >= doc["maxOffset"]:
+            return out
+        offset = doc["nextOffset"]
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    with namesrv_and_broker(tmp_path_factory.mktemp("batching"), "broker-s") as (group, ns, broker):
+        wait_http(f"http://{ns}/cluster", ok=lambda r: "broker-s" in r.json()["brokers"])
+        yield group, ns, broker
+
+
+def create(addr: str, ns: str, topic: str, queues: int) -> None:
+    r = httpx.put(f"http://{addr}/topics/{topic}", json={"readQueueNums": queues, "writeQueueNums": queues})
+    assert r.status_code == 200, r.text
+    wait_http(f"http://{ns}/routes/{topic}", ok=lambda r: r.status_code == 200)
+
+
+async def test_concurrent_sends_are_batched_and_each_keeps_its_result_and_queue_order(single):
+    _, ns, broker = single
+    create(broker, ns, "batched", 4)
+    async with AsyncProducer(ns, linger_ms=5) as p:
+        # Per queue, one coroutine sends its sequence; unpinned sends run beside them.
+        async def ordered(q: int) -> list:
+            futs = [await p.send_async("batched", f"q{q}-{i}", queue_id=q) for i in range(300)]
+            return [await f for f in futs]
+
+        async def free(n: int) -> list:
+            return [await p.send("batched", f"free-{n}-{i}") for i in range(50)]
+
+        results = await asyncio.gather(*(ordered(q) for q in range(4)), *(free(n) for n in range(16)))
+        assert p.stats["requests"] < (4 * 300 + 16 * 50) / 5, f"not batched: {p.stats}"
+    by_queue = {q: read_queue(broker, "batched", q) for q in range(4)}
+    where = {(q, m["queueOffset"]): m["body"] for q, ms in by_queue.items() for m in ms}
+    for q in range(4):
+        res = results[q]
+        assert [r.queue_id for r in res] == [q] * 300
+        offsets = [r.queue_offset for r in res]
+        assert offsets == sorted(offsets), f"queue {q}: stored out of send order"
+        assert [where[(q, r.queue_offset)] for r in res] == [f"q{q}-{i}" for i in range(300)]
+    for n, res in enumerate(results[4:]):
+        assert [where[(r.queue_id, r.queue_offset)] for r in res] == [f"free-{n}-{i}" for i in range(50)]
+    bodies = [b for b in where.values()]
+    assert len(bodies) == len(set(bodies)) == 4 * 300 + 16 * 50
+
+
+async def test_a_message_the_broker_refuses_fails_alone_and_its_batch_mates_are_stored(single):
+    _, ns, broker = single
+    create(broker, ns, "refused", 1)
+    async with AsyncProducer(ns, linger_ms=20) as p:
+        futs = [await p.send_async("refused", f"ok-{i}") for i in range(5)]
+        futs.append(await p.send_async("refused", Message("bad", properties={"KEYS": "reserved"})))
+        futs += [await p.send_async("refused", f"ok-{i}") for i in range(5, 10)]
+        done = await asyncio.gather(*futs, return_exceptions=True)
+    assert isinstance(done[5], BadRequestError) and delivery_of(done[5]) is Delivery.REFUSED
+    ok = [d for i, d in enumerate(done) if i != 5]
+    assert all(not isinstance(d, BaseException) for d in ok), ok
+    stored = [m["body"] for m in read_queue(broker, "refused", 0)]
+    assert sorted(stored) == sorted(f"ok-{i}" for i in range(10))
+
+
+def test_a_full_buffer_blocks_for_max_block_ms_then_raises(single):
+    group, ns, broker = single
+    create(broker, ns, "full", 1)
+    with Producer(ns, buffer_max_bytes=16 * 1024, max_block_ms=300, send_timeout_s=30) as p:
+        p.send("full", b"route and connection ready")
+        group.procs["broker-s"].send_signal(signal.SIGSTOP)  # the broker stops answering
+        try:
+            pending = []
+            with pytest.raises(ProducerBufferFullError) as info:
+                for i in range(100):
+                    pending.append(p.send_async("full", "x" * 1024 + str(i)))
+            blocked_from = time.monotonic()
+            with pytest.raises(ProducerBufferFullError):
+                p.send_async("full", "y" * 1024)
+            blocked = time.monotonic() - blocked_from
+            assert 0.25 <= blocked < 2.0, f"blocked {blocked:.2f} s for max_block_ms=300"
+            assert "buffer_max_bytes" in str(info.value)
+            assert 8 <= len(pending) <= 16
+        finally:
+            group.procs["broker-s"].send_signal(signal.SIGCONT)
+        p.flush(30)
+        assert all(f.result(0).queue_id == 0 for f in pending), (
+            "accepted messages are stored once the broker answers"
+        )
+    stored = [m["body"] for m in read_queue(broker, "full", 0)]
+    assert len(stored) == len(set(stored)) == 1 + len(pending)
+
+
+@pytest.mark.slow
+def test_master_sigkill_during_20_s_of_batched_sends_loses_no_acked_message_and_stores_none_twice(tmp_path):
+    group = ProcessGroup(tmp_path)
+    try:
+        ns = start_namesrv(group, tmp_path)
+        addrs = start_dledger_set(group, tmp_path, ns)
+        master = wait_master(addrs, timeout_s=30)
+        create(addrs[master], ns, "killed", 2)
+        futures: dict[str, object] = {}
+        stop = threading.Event()
+
+        def produce() -> None:
+            with Producer(ns, send_timeout_s=10) as p:
+                i = 0
+                while not stop.is_set():
+                    body = f"m{i}"
+                    futures[body] = p.send_async("killed", body)
+                    i += 1
+                    if i % 50 == 0:
+                        time.sleep(0.005)  # a few thousand messages a second
+                p.flush(30)
+
+        th = threading.Thread(target=produce)
+        th.start()
+        time.sleep(5)
+        group.kill(master, signal.SIGKILL)
+        group.start(master, "broker", "-c", str(tmp_path / f"{master}.conf"))
+        time.sleep(15)
+        stop.set()
+        th.join(60)
+        assert not th.is_alive()
+        new = addrs[wait_master(addrs, timeout_s=30)]
+        stored = read_queue(new, "killed", 0) + read_queue(new, "killed", 1)
+    finally:
+        group.stop_all()
+    bodies = [m["body"] for m in stored]
+    assert len(bodies) == len(set(bodies)), "a message was stored twice"
+    where = {m["body"]: (m["queueId"], m["queueOffset"]) for m in stored}
+    acked = failed = 0
+    for body, fut in futures.items():
+        exc = fut.exception()
+        if exc is None:
+            acked += 1
+            r = fut.result()
+            assert where.get(body) == (r.queue_id, r.queue_offset), (
+                f"{body} acked at {r}, stored at {where.get(body)}"
+            )
+        else:
+            failed += 1
+            assert isinstance(exc, LedgerMQError)
+            if not isinstance(exc, SendOutcomeUnknownError):
+                assert body not in where, f"{body} refused ({exc!r}) yet stored"
+    assert acked > 5000, f"only {acked} acknowledged"
+    print(f"acked={acked} failed={failed} stored={len(stored)}")

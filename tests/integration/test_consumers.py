@@ -1,0 +1,178 @@
+"""The SDK's consumers against a real name server and broker (issue 14): the pull consumer's
+prefetching iterator over every queue with committed positions, the simple consumer's pipelined
+receive and coalesced acks, and the push consumer (a failing handler gets the message again with
+attempt 2 after its backoff, a handler slower than the invisible time is not redelivered
+meanwhile, a shutdown in the middle loses nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+
+import httpx
+import pytest
+
+from client import AsyncPullConsumer, Producer, PullConsumer, PushConsumer, SimpleConsumer
+from tests.integration._ledgermq_procs import namesrv_and_broker, wait_http
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    with namesrv_and_broker(tmp_path_factory.mktemp("consumers"), "broker-s") as (_, ns, broker):
+        wait_http(f"http://{ns}/cluster", ok=lambda r: "broker-s" in r.json()["brokers"])
+        yield ns, broker
+
+
+def fill(env, topic: str, n: int, queues: int = 4) -> list[str]:
+    ns, broker = env
+    r = httpx.put(f"http://{broker}/topics/{topic}", json={"readQueueNums": queues, "writeQueueNums": queues})
+    assert r.status_code == 200, r.text
+    wait_http(f"http://{ns}/routes/{topic}")
+    bodies = [f"{topic}-{i}" for i in range(n)]
+    with Producer(ns) as p:
+        futs = [p.send_async(topic, b, queue_id=i % queues) for i, b in enumerate(bodies)]
+        p.flush()
+        assert all(f.result() for f in futs)
+    return bodies
+
+
+def test_pull_iterator_reads_every_queue_in_order_and_resumes_from_its_commits(env):
+    ns, _ = env
+    bodies = fill(env, "iter", 1000)
+    with PullConsumer(ns) as c:
+        it = c.iterate("iter", "g-iter", batch=64, wait_ms=100)
+        got = [next(it) for _ in range(1000)]
+        assert it.lag() == 0
+        it.close()
+        assert sorted(m.text for m in got) == sorted(bodies)
+        per_queue: dict[int, list[int]] = {}
+        for m in got:
+            per_queue.setdefault(m.queue_id, []).append(m.queue_offset)
+        assert all(offs == sorted(offs) for offs in per_queue.values())
+        assert {q: max(o) + 1 for q, o in per_queue.items()} == c.committed_offsets("g-iter", "iter")
+    with Producer(ns) as p:
+        p.send("iter", "after")
+    with PullConsumer(ns) as c:
+        it = c.iterate("iter", "g-iter", wait_ms=100)
+        assert [m.text for m in it.poll(5.0)] == ["after"]
+        it.close()
+
+
+async def test_async_pull_iterator_commits_on_its_interval(env):
+    ns, _ = env
+    fill(env, "iter-async", 200, queues=2)
+    async with AsyncPullConsumer(ns) as c:
+        it = await c.iterate("iter-async", "g-ia", wait_ms=100, commit_interval_ms=100)
+        seen = 0
+        async for _ in it:
+            seen += 1
+            if seen == 200:
+                break
+        deadline = time.monotonic() + 5
+        while sum((await c.committed_offsets("g-ia", "iter-async")).values()) < 198:
+            assert time.monotonic() < deadline, "no periodic commit"
+            await asyncio.sleep(0.05)
+        # The last message of each queue is in hand: committed up to it, not past it.
+        assert sum((await c.committed_offsets("g-ia", "iter-async")).values()) == 198
+    async with AsyncPullConsumer(ns) as c:  # close() above committed past the last ones
+        assert sum((await c.committed_offsets("g-ia", "iter-async")).values()) == 200
+
+
+def test_simple_consumer_receive_ahead_and_coalesced_acks(env):
+    ns, _ = env
+    bodies = fill(env, "simple", 300, queues=2)
+    got: list[str] = []
+    with SimpleConsumer("g-simple", "simple", ns) as c:
+        deadline = time.monotonic() + 30
+        while len(got) < 300 and time.monotonic() < deadline:
+            msgs = c.receive(max_messages=32, wait_ms=200)
+            got += [m.text for m in msgs]
+            futs = c.ack_async(*msgs)
+        c.flush_acks()
+        assert all(f.result(5)["status"] == "OK" for f in futs)
+        assert sorted(got) == sorted(bodies)
+    # The receive the consumer had sent ahead was given back at close: nothing is left in flight.
+    with SimpleConsumer("g-simple", "simple", ns, receive_ahead=False) as c:
+        assert c.receive(max_messages=32, wait_ms=300) == []
+
+
+def test_push_consumer_retries_a_failing_handler_with_attempt_2_and_acks_the_rest(env):
+    ns, _ = env
+    bodies = fill(env, "push", 200, queues=2)
+    attempts: dict[str, list[int]] = {}
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def listener(m) -> None:
+        with lock:
+            attempts.setdefault(m.text, []).append(m.attempt)
+            if (
+                all(a and (k != "push-7" or len(a) == 2) for k, a in attempts.items())
+                and len(attempts) == 200
+            ):
+                done.set()
+        if m.text == "push-7" and m.attempt == 1:
+            raise RuntimeError("not now")
+
+    with PushConsumer("g-push", "push", listener, ns, wait_ms=500, retry_backoff_ms=300) as c:
+        assert done.wait(30), f"{len(attempts)} consumed"
+        deadline = time.monotonic() + 10
+        while c.lag() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert c.lag() == 0
+        assert c.stats["failed"] == 1
+    assert sorted(attempts) == sorted(bodies)
+    assert attempts["push-7"] == [1, 2]
+    assert all(a == [1] for k, a in attempts.items() if k != "push-7")
+
+
+def test_push_consumer_renews_a_slow_handlers_message_instead_of_redelivering_it(env):
+    ns, _ = env
+    fill(env, "slow", 3, queues=1)
+    calls: Counter[str] = Counter()
+
+    def slow(m) -> None:
+        calls[m.text] += 1
+        time.sleep(2.5)  # longer than the invisible time: renewed at 2/3 of it
+
+    c = PushConsumer("g-slow", "slow", slow, ns, invisible_ms=1200, wait_ms=300, consume_thread_count=3)
+    c.start()
+    try:
+        deadline = time.monotonic() + 20
+        while (c.stats["consumed"] < 3 or c.lag()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert c.stats["renewed"] >= 3
+        time.sleep(1.5)  # a redelivery, if any, would have come by now
+    finally:
+        c.shutdown()
+    assert calls == Counter({"slow-0": 1, "slow-1": 1, "slow-2": 1})
+
+
+def test_push_consumer_shutdown_in_the_middle_loses_nothing(env):
+    ns, _ = env
+    bodies = fill(env, "shut", 400, queues=2)
+    seen: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def listener(m) -> None:
+        time.sleep(0.002)
+        with lock:
+            seen[m.text] += 1
+
+    c = PushConsumer("g-shut", "shut", listener, ns, wait_ms=300, consume_thread_count=4)
+    c.start()
+    while sum(seen.values()) < 100:
+        time.sleep(0.01)
+    c.shutdown(timeout_s=10)
+    first = sum(seen.values())
+    assert c.stats["consumed"] == first and first < 400
+    with PushConsumer("g-shut", "shut", listener, ns, wait_ms=300) as c2:
+        deadline = time.monotonic() + 30
+        while set(seen) != set(bodies) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert set(seen) == set(bodies), f"{len(set(bodies) - set(seen))} never consumed"
+    # Everything consumed before the shutdown was acked, the rest given back: nothing came twice.
+    assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:5]
+    assert c2.stats["consumed"] == len(bodies) - first
