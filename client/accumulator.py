@@ -34,7 +34,7 @@ class Record:
     producer's loop."""
 
     topic: str
-    message: Message
+    message: Message | None  # None: a bare text body (the document says it all)
     doc: dict[str, Any]  # the produce API object; idempotencyKey set, queueId when chosen
     size: int  # bytes charged to the buffer
     future: Any
@@ -46,8 +46,9 @@ class Record:
 
     def sent_message(self) -> Message:
         """The message with the idempotency key and queue it was sent with."""
+        base = self.message if self.message is not None else Message(self.doc["body"])
         return dataclasses.replace(
-            self.message, idempotency_key=self.doc["idempotencyKey"], queue_id=self.doc.get("queueId")
+            base, idempotency_key=self.doc["idempotencyKey"], queue_id=self.doc.get("queueId")
         )
 
 

@@ -9,8 +9,10 @@ prefetches and coalesced acks make progress while the caller's thread does its o
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Coroutine
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
 from typing import Any, TypeVar
 
 import uvloop
@@ -51,3 +53,60 @@ class BackgroundLoop:
 async def construct(cls: type[T], *args: Any, **kw: Any) -> T:
     """`cls(*args, **kw)` built on the loop that will use it (its futures and connections)."""
     return cls(*args, **kw)
+
+
+_LAZY_LOCK = threading.Lock()
+_ENDED = frozenset((CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED))
+_CANCELLED = frozenset((CANCELLED, CANCELLED_AND_NOTIFIED))
+
+
+class LightFuture(concurrent.futures.Future):
+    """A `concurrent.futures.Future` whose condition variable is made only when a thread needs
+    it (to wait, or to add a callback): a batching producer resolves most of its futures before
+    anyone looks at them, and making a Condition and its RLock was half the caller's cost of a
+    `send_async` (measured with py-spy). Resolved on the producer's loop; everything else as the
+    base class."""
+
+    def __init__(self) -> None:
+        self._cond: threading.Condition | None = None
+        self._state = PENDING
+        self._result = None
+        self._exception: BaseException | None = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Any] = []
+
+    @property  # type: ignore[override]
+    def _condition(self) -> threading.Condition:
+        cond = self._cond
+        if cond is None:
+            with _LAZY_LOCK:
+                if self._cond is None:
+                    self._cond = threading.Condition()
+                cond = self._cond
+        return cond
+
+    def done(self) -> bool:
+        return self._state in _ENDED  # one attribute read: no lock needed
+
+    def cancelled(self) -> bool:
+        return self._state in _CANCELLED
+
+    def set_result(self, result: Any) -> None:
+        with _LAZY_LOCK:
+            if self._cond is None:  # nobody waits or listens yet, and nobody can start meanwhile
+                if self._state != PENDING:
+                    raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
+                self._result = result
+                self._state = FINISHED
+                return
+        super().set_result(result)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        with _LAZY_LOCK:
+            if self._cond is None:
+                if self._state != PENDING:
+                    raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
+                self._exception = exception
+                self._state = FINISHED
+                return
+        super().set_exception(exception)

@@ -50,6 +50,7 @@ from client.errors import (
     TopicNotExistError,
 )
 from client.fault import LatencyFaultTolerance
+from client.loop import LightFuture
 from client.message import KeyGenerator, Message, SendResult, as_message
 from client.outcome import Delivery, delivery_of
 from client.sender import Sender, refused_by_set
@@ -58,6 +59,7 @@ from client.transport import (
     AsyncTransport,
     BrokerSetRoute,
     RouteCache,
+    TopicRoute,
     base_url,
     seg,
     split_addrs,
@@ -137,7 +139,7 @@ class AsyncProducer:
         self.stats = {"requests": 0, "retries": 0, "moves": 0}
         self._keys = KeyGenerator()
         self._counter = itertools.count()
-        self._sticky: dict[str, tuple[str, int | None]] = {}
+        self._sticky: dict[str, tuple[TopicRoute, str, int | None]] = {}  # topic -> (route, set, queue)
         self._sender: Sender | None = None
         self._closed = False
 
@@ -211,8 +213,12 @@ class AsyncProducer:
 
     def _prepare(
         self, message: Message | bytes | str, kw: dict[str, Any]
-    ) -> tuple[Message, dict[str, Any], int]:
-        """The message with `kw` applied, its request document with its key, and its size."""
+    ) -> tuple[Message | None, dict[str, Any], int]:
+        """The message with `kw` applied (None for a bare text body: the common case, built only
+        if an error needs it), its request document with its key, and its size."""
+        if isinstance(message, str) and not kw:
+            doc: dict[str, Any] = {"body": message, "bodyEncoding": "utf-8", "idempotencyKey": self._keys()}
+            return None, doc, len(message) + RECORD_OVERHEAD_BYTES
         msg = as_message(message)
         if kw:
             msg = dataclasses.replace(msg, **kw)
@@ -224,32 +230,34 @@ class AsyncProducer:
     async def _enqueue(
         self,
         topic: str,
-        msg: Message,
+        msg: Message | None,
         doc: dict[str, Any],
         size: int,
         fut: Any,
         broker_name: str | None,
     ) -> None:
         """Append a prepared message to its queue's batch (on the loop)."""
+        pinned_queue = msg.queue_id if msg is not None else None
         route = self.routes.fresh(topic) or await self.routes.get(topic)
         sticky = None
         if broker_name is not None:
             brokers = [b for b in route.brokers if b.broker_name == broker_name]
             if not brokers:
                 raise TopicNotExistError(f"broker set {broker_name!r} does not hold topic {topic!r}")
-            min_queues = 0 if msg.queue_id is None else msg.queue_id + 1
+            min_queues = 0 if pinned_queue is None else pinned_queue + 1
             target, queue = self._select(brokers, min_queues, topic)
-        elif msg.queue_id is not None:
-            target, queue = self._set_for_queue(route.brokers, msg.queue_id, topic)
+        elif pinned_queue is not None:
+            target, queue = self._set_for_queue(route.brokers, pinned_queue, topic)
         else:
             sticky = self._sticky.get(topic)
-            if sticky is None or not self.fault.is_available(sticky[0]) or route.broker(sticky[0]) is None:
+            # Kept while the route is the one it was chosen from and its set is not avoided.
+            if sticky is None or sticky[0] is not route or not self.fault.is_available(sticky[1]):
                 b, q = self._select(route.brokers, 0, topic)
-                sticky = self._sticky[topic] = (b.broker_name, q)
-            target, queue = None, sticky[1]
-        set_name = sticky[0] if sticky is not None else target.broker_name  # type: ignore[union-attr]
-        if msg.queue_id is not None:
-            queue = msg.queue_id
+                sticky = self._sticky[topic] = (route, b.broker_name, q)
+            target, queue = None, sticky[2]
+        set_name = sticky[1] if sticky is not None else target.broker_name  # type: ignore[union-attr]
+        if pinned_queue is not None:
+            queue = pinned_queue
         elif queue is not None:
             doc["queueId"] = queue
         record = Record(
@@ -259,7 +267,7 @@ class AsyncProducer:
             size,
             fut,
             time.monotonic() + self.send_timeout_s,
-            pinned_queue=msg.queue_id is not None,
+            pinned_queue=pinned_queue is not None,
             pinned_set=broker_name is not None,
         )
         if self.accumulator.append(topic, set_name, queue, record) and sticky is not None:
@@ -282,7 +290,8 @@ class AsyncProducer:
 
     def _on_drain(self, batch: Any) -> None:
         """A batch left: the topic's next unpinned messages go to the next (set, queue)."""
-        if self._sticky.get(batch.topic) == (batch.broker_name, batch.queue_id):
+        sticky = self._sticky.get(batch.topic)
+        if sticky is not None and sticky[1:] == (batch.broker_name, batch.queue_id):
             del self._sticky[batch.topic]
 
     def _set_for_queue(
@@ -531,7 +540,7 @@ class Producer:
             raise ProducerClosedError("the producer is closed")
         msg, doc, size = self._p._prepare(message, kw)
         self._p.pool.reserve_blocking(size)
-        fut: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+        fut: concurrent.futures.Future[SendResult] = LightFuture()
         if callback is not None:
             _with_callback(fut, callback)
         self._intake.append((topic, msg, doc, size, fut, broker_name))

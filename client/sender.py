@@ -184,8 +184,7 @@ class Sender:
                 return
             self.fault.update(broker_name, (time.monotonic() - started) * 1000, failed=False)
             results = doc["results"]
-            for r, res in zip(batch.records, results, strict=True):
-                self._complete(r, res, broker_name)
+            self._complete(batch.records, results, broker_name)
         finally:
             self.in_flight[broker_name] -= 1
             self.acc.done(batch, key)
@@ -213,14 +212,18 @@ class Sender:
         return decode_answer(resp, what)
 
     # ---- outcomes ------------------------------------------------------------------------------
-    def _complete(self, r: Record, res: dict[str, Any], broker_name: str) -> None:
-        if not r.future.done():
-            r.future.set_result(
-                SendResult(
-                    res["msgId"], res["queueId"], res["queueOffset"], res["commitLogOffset"], broker_name
+    def _complete(self, records: list[Record], results: list[dict[str, Any]], broker_name: str) -> None:
+        """A batch's results, one per record in order; its buffer bytes released at once."""
+        size = 0
+        for r, res in zip(records, results, strict=True):
+            size += r.size
+            if not r.future.done():
+                r.future.set_result(
+                    SendResult(
+                        res["msgId"], res["queueId"], res["queueOffset"], res["commitLogOffset"], broker_name
+                    )
                 )
-            )
-        self._resolved(r)
+        self._released(len(records), size)
 
     def _fail_record(self, r: Record, exc: LedgerMQError) -> None:
         if r.maybe_reached is not None and not isinstance(exc, SendOutcomeUnknownError):
@@ -238,8 +241,11 @@ class Sender:
         self._resolved(r)
 
     def _resolved(self, r: Record) -> None:
-        self.pool.release(r.size)
-        self.pending -= 1
+        self._released(1, r.size)
+
+    def _released(self, records: int, size: int) -> None:
+        self.pool.release(size)
+        self.pending -= records
         if self.pending == 0:
             self._idle.set()
 
