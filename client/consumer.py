@@ -22,7 +22,7 @@ from client.errors import (
     TopicNotExistError,
 )
 from client.fault import LatencyFaultTolerance
-from client.loop import BackgroundLoop, construct
+from client.loop import BackgroundLoop, LightFuture, construct
 from client.prefetch import PullIterator, SyncPullIterator
 from client.received import PULL_BINARY_CONTENT_TYPE, PullResult, ReceivedMessage, decode_binary_page
 from client.transport import AsyncTransport, BrokerSetRoute, RouteCache, decode_answer, seg, split_addrs
@@ -534,7 +534,7 @@ class SimpleConsumer(_SyncWrapper):
 
     def ack_async(self, *msgs: ReceivedMessage) -> list[concurrent.futures.Future[dict[str, Any]]]:
         """Queue acks (coalesced per broker set) and return at once; one future per message."""
-        futs: list[concurrent.futures.Future[dict[str, Any]]] = [concurrent.futures.Future() for _ in msgs]
+        futs: list[concurrent.futures.Future[dict[str, Any]]] = [LightFuture() for _ in msgs]
         self._bg.call_soon(self._queue_acks, msgs, futs)
         return futs
 

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import inspect
 import logging
+import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -86,28 +87,45 @@ class AsyncPushConsumer:
         self._cached_bytes = 0
         self._room = asyncio.Event()
         self._room.set()
-        self._waiting: collections.deque[ReceivedMessage] = collections.deque()  # received, no handler yet
+        # Received, no handler yet: a deque the worker tasks take from (coroutine listener), or
+        # a queue the worker threads block on (plain function).
+        self._waiting: collections.deque[ReceivedMessage] = collections.deque()
+        self._thread_q: queue.SimpleQueue[ReceivedMessage | None] = queue.SimpleQueue()
         self._work = asyncio.Event()
-        self._in_handler: dict[int, ReceivedMessage] = {}  # id(msg) -> msg, being handled
-        self._renewals: dict[int, asyncio.TimerHandle] = {}
+        # id(msg) -> (msg, when its invisibility was last set): what handlers hold now.
+        self._in_handler: dict[int, tuple[ReceivedMessage, float]] = {}
+        # Handler outcomes from the threads, taken by the loop in bulk (one wake-up per burst).
+        self._outcomes: collections.deque[tuple[ReceivedMessage, BaseException | None]] = collections.deque()
+        self._outcomes_lock = threading.Lock()
+        self._outcomes_woken = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._threads: list[threading.Thread] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._renewer: asyncio.Task[None] | None = None
+        self._renewing: dict[int, asyncio.Future[None]] = {}  # id(msg) -> its renewal in flight
+        self._workers: list[asyncio.Task[None]] = []
         self._side: set[asyncio.Task[Any]] = set()
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._running = False
 
     async def start(self) -> None:
         """Start receiving from every broker set of the topic and calling the listener."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         route = await self.simple.routes.get(self.topic)
         self._running = True
-        if not self.is_async:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                self.consume_thread_count, thread_name_prefix=f"ledgermq-push-{self.group}"
-            )
         for broker in route.brokers:
             self._tasks.append(loop.create_task(self._receive_loop(broker.broker_name)))
-        for _ in range(self.consume_thread_count):
-            self._tasks.append(loop.create_task(self._worker()))
+        if self.is_async:
+            self._workers = [loop.create_task(self._worker()) for _ in range(self.consume_thread_count)]
+        else:
+            self._threads = [
+                threading.Thread(
+                    target=self._thread_worker, name=f"ledgermq-push-{self.group}-{i}", daemon=True
+                )
+                for i in range(self.consume_thread_count)
+            ]
+            for t in self._threads:
+                t.start()
+        self._renewer = loop.create_task(self._renew_every())
 
     # ---- receiving -----------------------------------------------------------------------------
     async def _receive_loop(self, broker_name: str) -> None:
@@ -129,18 +147,19 @@ class AsyncPushConsumer:
             if not self._running:  # shut down while the long poll was out: give them back
                 await self._give_back([ReceivedMessage.from_json(m, broker_name) for m in doc["messages"]])
                 return
+            hand = self._waiting.append if self.is_async else self._thread_q.put
             for m in doc["messages"]:
                 msg = ReceivedMessage.from_json(m, broker_name)
                 self._cached += 1
                 self._cached_bytes += len(msg.body)
-                self._waiting.append(msg)
+                hand(msg)
             self.stats["received"] += len(doc["messages"])
-            if doc["messages"]:
+            if doc["messages"] and self.is_async:
                 self._work.set()
 
     # ---- consuming -----------------------------------------------------------------------------
     async def _worker(self) -> None:
-        loop = asyncio.get_running_loop()
+        """A coroutine listener's worker task."""
         while True:
             while not self._waiting:
                 if not self._running:
@@ -148,33 +167,58 @@ class AsyncPushConsumer:
                 self._work.clear()
                 await self._work.wait()
             msg = self._waiting.popleft()
-            self._in_handler[id(msg)] = msg
-            self._schedule_renewal(msg)
+            self._in_handler[id(msg)] = (msg, time.monotonic())
             try:
-                if self.is_async:
-                    await self.listener(msg)
-                else:
-                    await loop.run_in_executor(self._pool, self.listener, msg)
+                await self.listener(msg)
             except Exception as exc:  # the listener's failure: consume again later
-                self.stats["failed"] += 1
-                log.info("push listener failed group=%s msg=%s attempt=%d: %r", self.group, msg.msg_id,
-                         msg.attempt, exc)  # fmt: skip
-                self._done(msg)
-                self._side_task(self._retry_later(msg))
+                self._outcome(msg, exc)
             else:
-                self.stats["consumed"] += 1
-                self._done(msg)
-                self.simple.ack_async(msg).add_done_callback(_log_ack_failure)
+                self._outcome(msg, None)
 
-    def _done(self, msg: ReceivedMessage) -> None:
+    def _thread_worker(self) -> None:
+        """A plain-function listener's worker thread: takes messages until it gets None."""
+        loop = self._loop
+        assert loop is not None
+        while (msg := self._thread_q.get()) is not None:
+            self._in_handler[id(msg)] = (msg, time.monotonic())
+            try:
+                self.listener(msg)
+                outcome: BaseException | None = None
+            except Exception as exc:  # the listener's failure: consume again later
+                outcome = exc
+            self._outcomes.append((msg, outcome))
+            with self._outcomes_lock:
+                if self._outcomes_woken:
+                    continue
+                self._outcomes_woken = True
+            loop.call_soon_threadsafe(self._take_outcomes)
+
+    def _take_outcomes(self) -> None:
+        with self._outcomes_lock:
+            self._outcomes_woken = False
+        while self._outcomes:
+            self._outcome(*self._outcomes.popleft())
+
+    def _outcome(self, msg: ReceivedMessage, exc: BaseException | None) -> None:
+        """On the loop: a handler is done with `msg` — ack it, or give it back after a backoff."""
         self._in_handler.pop(id(msg), None)
-        timer = self._renewals.pop(id(msg), None)
-        if timer is not None:
-            timer.cancel()
         self._cached -= 1
         self._cached_bytes -= len(msg.body)
         if not self._room.is_set():
             self._room.set()
+        if exc is None:
+            self.stats["consumed"] += 1
+            renewing = self._renewing.get(id(msg))
+            if renewing is None:
+                self.simple.ack_async(msg).add_done_callback(_log_ack_failure)
+            else:  # ack with the handle the renewal brings, not the one it replaces
+                self._side_task(self._ack_after(renewing, msg))
+            return
+        self.stats["failed"] += 1
+        log.info(
+            "push listener failed group=%s msg=%s attempt=%d: %r", self.group, msg.msg_id, msg.attempt, exc
+        )
+        self._side_task(self._retry_later(msg))
 
     async def _retry_later(self, msg: ReceivedMessage) -> None:
         delay_ms = min(self.retry_backoff_ms * 2 ** (msg.attempt - 1), self.retry_backoff_max_ms)
@@ -184,22 +228,34 @@ class AsyncPushConsumer:
             log.warning("push backoff failed group=%s msg=%s: %s", self.group, msg.msg_id, exc)
 
     # ---- invisibility renewal ------------------------------------------------------------------
-    def _schedule_renewal(self, msg: ReceivedMessage) -> None:
-        loop = asyncio.get_running_loop()
-        self._renewals[id(msg)] = loop.call_later(
-            self.invisible_ms * 2 / 3000.0, lambda: self._side_task(self._renew(msg))
-        )
+    async def _renew_every(self) -> None:
+        """Every sixth of `invisible_ms`, renew what handlers have held for 2/3 of it (one scan
+        for all, instead of a timer per message)."""
+        period = self.invisible_ms / 6000.0
+        due_after = self.invisible_ms * 2 / 3000.0
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for key, (msg, since) in list(self._in_handler.items()):
+                if now - since >= due_after:
+                    self._in_handler[key] = (msg, now)
+                    self._side_task(self._renew(msg))
 
     async def _renew(self, msg: ReceivedMessage) -> None:
-        if id(msg) not in self._in_handler:
-            return
+        done = asyncio.get_running_loop().create_future()
+        self._renewing[id(msg)] = done
         try:
             await self.simple.change_invisible_duration(msg, self.invisible_ms)
             self.stats["renewed"] += 1
         except LedgerMQError as exc:
             log.warning("push renewal failed group=%s msg=%s: %s", self.group, msg.msg_id, exc)
-        if id(msg) in self._in_handler:
-            self._schedule_renewal(msg)
+        finally:
+            del self._renewing[id(msg)]
+            done.set_result(None)
+
+    async def _ack_after(self, renewal: asyncio.Future[None], msg: ReceivedMessage) -> None:
+        await renewal
+        self.simple.ack_async(msg).add_done_callback(_log_ack_failure)
 
     def _side_task(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -219,13 +275,11 @@ class AsyncPushConsumer:
     async def shutdown(self, timeout_s: float = 30.0) -> None:
         """Stop receiving; let running handlers finish (up to `timeout_s`); give back what no
         handler started; send the pending acks; close the connections. Idempotent."""
-        if not self._running and not self._tasks:
+        if not self._running and not self._tasks and not self._threads:
             return
         self._running = False
-        receive_tasks = self._tasks[: len(self._tasks) - self.consume_thread_count]
-        workers = self._tasks[len(receive_tasks) :]
-        unstarted = list(self._waiting)  # no handler starts another message from now on
-        self._waiting.clear()
+        receive_tasks = list(self._tasks)
+        unstarted = self._take_unstarted()  # no handler starts another message from now on
         self._work.set()
         # A receive on the wire may already hold messages for us: let it answer (RocketMQ waits
         # for in-flight receives too), then its messages are given back.
@@ -235,17 +289,36 @@ class AsyncPushConsumer:
             for t in late:
                 t.cancel()
             await asyncio.gather(*receive_tasks, return_exceptions=True)
-        _, pending = await asyncio.wait(workers, timeout=timeout_s) if workers else (set(), set())
-        for t in pending:
-            t.cancel()
+        unstarted += self._take_unstarted()  # what the last receives handed over meanwhile
+        for _ in self._threads:
+            self._thread_q.put(None)
+        deadline = time.monotonic() + timeout_s
+        if self._workers:
+            _, pending = await asyncio.wait(self._workers, timeout=timeout_s)
+            for t in pending:
+                t.cancel()
+        if self._threads:
+            await asyncio.to_thread(_join_all, self._threads, deadline)
+        self._take_outcomes()
+        if self._renewer is not None:
+            self._renewer.cancel()
         await self._give_back(unstarted)
         if self._side:
             await asyncio.gather(*self._side, return_exceptions=True)
         await self.simple.flush_acks()
         self._tasks.clear()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
         await self.simple.close()
+
+    def _take_unstarted(self) -> list[ReceivedMessage]:
+        out = list(self._waiting)
+        self._waiting.clear()
+        while True:
+            try:
+                msg = self._thread_q.get_nowait()
+            except queue.Empty:
+                return out
+            if msg is not None:
+                out.append(msg)
 
     async def lag(self) -> int:
         """Messages of the topic the group has not consumed yet, over every queue and set."""
@@ -258,6 +331,11 @@ class AsyncPushConsumer:
             )  # fmt: skip
             total += sum(max(0, o.get("lag", 0)) for o in doc["offsets"] if o["topic"] == self.topic)
         return total
+
+
+def _join_all(threads: list[threading.Thread], deadline: float) -> None:
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _log_ack_failure(fut: asyncio.Future[Any]) -> None:

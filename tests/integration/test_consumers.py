@@ -14,7 +14,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from client import AsyncPullConsumer, Producer, PullConsumer, PushConsumer, SimpleConsumer
+from client import AsyncPullConsumer, AsyncPushConsumer, Producer, PullConsumer, PushConsumer, SimpleConsumer
 from tests.integration._ledgermq_procs import namesrv_and_broker, wait_http
 
 
@@ -176,3 +176,28 @@ def test_push_consumer_shutdown_in_the_middle_loses_nothing(env):
     # Everything consumed before the shutdown was acked, the rest given back: nothing came twice.
     assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:5]
     assert c2.stats["consumed"] == len(bodies) - first
+
+
+async def test_async_push_consumer_runs_a_coroutine_listener(env):
+    ns, _ = env
+    bodies = await asyncio.to_thread(fill, env, "apush", 100, 2)
+    seen: list[tuple[str, int]] = []
+
+    async def listener(m) -> None:
+        await asyncio.sleep(0)
+        seen.append((m.text, m.attempt))
+        if m.text == "apush-3" and m.attempt == 1:
+            raise RuntimeError("later")
+
+    c = AsyncPushConsumer("g-apush", "apush", listener, ns, wait_ms=300, retry_backoff_ms=200)
+    await c.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(seen) < 101 or await c.lag():
+            assert time.monotonic() < deadline, f"{len(seen)} handled"
+            await asyncio.sleep(0.05)
+    finally:
+        await c.shutdown()
+    assert sorted({t for t, _ in seen}) == sorted(bodies)
+    assert [a for t, a in seen if t == "apush-3"] == [1, 2]
+    assert c.stats["consumed"] == 100 and c.stats["failed"] == 1
