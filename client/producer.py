@@ -43,25 +43,20 @@ import uvloop
 
 from client.accumulator import BufferPool, Record, RecordAccumulator
 from client.errors import (
-    LedgerMQError,
-    NotMasterError,
     ProducerClosedError,
-    SendOutcomeUnknownError,
     TopicNotExistError,
 )
 from client.fault import LatencyFaultTolerance
 from client.loop import LightFuture
 from client.message import KeyGenerator, Message, SendResult, as_message
-from client.outcome import Delivery, delivery_of
-from client.sender import Sender, refused_by_set
+from client.one_request import OneRequest, send_one_request
+from client.sender import Sender
 from client.transport import (
     PERM_WRITE,
     AsyncTransport,
     BrokerSetRoute,
     RouteCache,
     TopicRoute,
-    base_url,
-    seg,
     split_addrs,
 )
 
@@ -373,128 +368,9 @@ class AsyncProducer:
             if not brokers:
                 raise TopicNotExistError(f"broker set {broker_name!r} does not hold topic {topic!r}")
         broker, queue_id = self._select(brokers, max(pinned) + 1 if pinned else 0, topic)
-        send = _Send(topic, msgs, docs, movable=broker_name is None and not pinned)
+        send = OneRequest(topic, msgs, docs, movable=broker_name is None and not pinned)
         send.assign(broker.broker_name, queue_id)
-        return await self._send_with_retry(send)
-
-    async def _send_with_retry(self, send: _Send) -> list[SendResult]:
-        """POST the messages to their set's master, retrying with the same keys until
-        `send_timeout_s`. A movable send that its set refused (`refused_by_set`) before any
-        attempt may have reached a set moves to another set. Once an attempt may have reached a
-        set, the send stays there and its final error is a `SendOutcomeUnknownError`, whatever
-        later attempts saw (a dead set refuses connections: that says nothing about the request
-        already sent)."""
-        topic = send.topic
-        payload = {"messages": send.docs}
-        deadline = time.monotonic() + self.send_timeout_s
-        hint: str | None = None
-        delay = 0.05
-        attempt = 0
-        maybe_reached: LedgerMQError | None = None
-        tried: set[str] = set()
-        path = f"/topics/{seg(topic)}/messages"
-        while True:
-            broker_name = send.broker_name
-            started = time.monotonic()
-            try:
-                url: str | None = hint
-                if url is None:
-                    route = await self.routes.get(topic, refresh=attempt > 0)
-                    broker = route.broker(broker_name)
-                    url = broker.master_url if broker else None
-                if url is None:
-                    raise NotMasterError(f"broker set {broker_name} has no master in the route")
-                self.stats["requests"] += 1
-                doc = await self.transport.request("POST", url + path, json=payload)
-                self.fault.update(broker_name, (time.monotonic() - started) * 1000, failed=False)
-                return [
-                    SendResult(r["msgId"], r["queueId"], r["queueOffset"], r["commitLogOffset"], broker_name)
-                    for r in doc["results"]
-                ]
-            except LedgerMQError as exc:
-                delivery = delivery_of(exc)
-                if maybe_reached is None and delivery is Delivery.MAYBE:
-                    maybe_reached = exc
-                hint = (
-                    base_url(exc.master_addr) if isinstance(exc, NotMasterError) and exc.master_addr else None
-                )
-                if hint is None and (delivery is Delivery.MAYBE or refused_by_set(exc)):
-                    self.fault.update(broker_name, (time.monotonic() - started) * 1000, failed=True)
-                if send.movable and maybe_reached is None and refused_by_set(exc):
-                    tried.add(broker_name)
-                    if await self._move(send, tried, exc):
-                        attempt += 1
-                        continue
-                if not exc.retryable or time.monotonic() + delay > deadline:
-                    if maybe_reached is None:
-                        raise
-                    raise SendOutcomeUnknownError(
-                        f"send to broker set {broker_name} failed after {attempt + 1} attempts; "
-                        f"attempt outcome unknown since {maybe_reached.code} ({maybe_reached.detail}); "
-                        f"last: {exc.code} ({exc.detail})",
-                        topic=topic,
-                        broker_name=broker_name,
-                        messages=_as_sent(send.msgs, send.docs),
-                        cause=exc,
-                    ) from exc
-                log.info(
-                    "produce retry topic=%s broker=%s attempt=%d reason=%s",
-                    topic,
-                    broker_name,
-                    attempt + 1,
-                    exc.code,
-                )
-            attempt += 1
-            self.stats["retries"] += 1
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.5)
-
-    async def _move(self, send: _Send, tried: set[str], why: LedgerMQError) -> bool:
-        """Move `send` to a writable set it has not tried; False when there is none."""
-        try:
-            route = await self.routes.get(send.topic)
-            broker, queue_id = self._select(route.brokers, 0, send.topic, exclude=tried)
-        except LedgerMQError:
-            return False
-        log.info(
-            "produce moved topic=%s from=%s to=%s reason=%s",
-            send.topic,
-            send.broker_name,
-            broker.broker_name,
-            why.code,
-        )
-        send.assign(broker.broker_name, queue_id)
-        self.stats["moves"] += 1
-        return True
-
-
-class _Send:
-    """One `send_batch` in flight: its messages, their request documents and the set they go to."""
-
-    def __init__(self, topic: str, msgs: list[Message], docs: list[dict[str, Any]], movable: bool) -> None:
-        self.topic = topic
-        self.msgs = msgs
-        self.docs = docs
-        self.movable = movable
-        self.broker_name = ""
-
-    def assign(self, broker_name: str, queue_id: int | None) -> None:
-        """Aim at `broker_name`; the messages the caller gave no queue go to `queue_id`."""
-        self.broker_name = broker_name
-        for m, doc in zip(self.msgs, self.docs, strict=True):
-            if m.queue_id is None:
-                if queue_id is None:
-                    doc.pop("queueId", None)
-                else:
-                    doc["queueId"] = queue_id
-
-
-def _as_sent(msgs: list[Message], docs: list[dict[str, Any]]) -> list[Message]:
-    """The messages with the idempotency keys and queue ids they were sent with."""
-    return [
-        dataclasses.replace(m, idempotency_key=d["idempotencyKey"], queue_id=d.get("queueId"))
-        for m, d in zip(msgs, docs, strict=True)
-    ]
+        return await send_one_request(self, send)
 
 
 class Producer:
