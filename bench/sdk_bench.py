@@ -147,7 +147,7 @@ def phase_simple_32(ns: str, seconds: float) -> dict[str, Any]:
     from client.consumer import SimpleConsumer
 
     count = 0
-    with SimpleConsumer("bench-simple", TOPIC, ns) as c:
+    with SimpleConsumer("bench-simple", TOPIC, ns, **_ahead(SimpleConsumer)) as c:
         ack = getattr(c, "ack_async", c.ack)  # a baseline without ack_async acks in line
         cpu0, t0 = time.process_time(), time.perf_counter()
         stop = t0 + seconds * 3
@@ -163,6 +163,13 @@ def phase_simple_32(ns: str, seconds: float) -> dict[str, Any]:
         elapsed = time.perf_counter() - t0 - (0.2 * idle)
         cpu = time.process_time() - cpu0
     return {"messages": count, "elapsed": elapsed, "client_cpu_s": cpu}
+
+
+def _ahead(cls: type) -> dict[str, Any]:
+    """receive_ahead=True where the consumer has it (a baseline may not)."""
+    import inspect
+
+    return {"receive_ahead": True} if "receive_ahead" in inspect.signature(cls._async_cls).parameters else {}
 
 
 def phase_push(ns: str, seconds: float) -> dict[str, Any]:

@@ -252,10 +252,13 @@ class AsyncSimpleConsumer(_RouteUser):
     unacked message comes back with `reconsume_times` + 1, and after the broker's
     maxReconsumeTimes it goes to `%DLQ%{group}`.
 
-    Pipelined: with `receive_ahead` (default), once a receive has answered, the next one (same
-    arguments, next broker set) is sent at once, so the next `receive` call finds its messages
-    waiting — their invisibility time runs from then. `ack_async` coalesces the acks of a broker
-    set into one request (flushed at 64 handles or after 2 ms)."""
+    Pipelined: with `receive_ahead=True`, once a receive has answered with a full batch (a
+    backlog), the next one (same arguments, next broker set) is sent at once, so the next `receive`
+    call finds its messages waiting — their invisibility time runs from then, and a message the
+    caller never takes is given back (visible again at once) at the next receive with other
+    arguments or at `close`; off by default, as a message received ahead is delivered, to the
+    broker's counts, whether or not the caller takes it. `ack_async` coalesces the acks of a
+    broker set into one request (flushed at 64 handles or after 2 ms)."""
 
     ACK_BATCH = 64
     ACK_LINGER_S = 0.002
@@ -271,7 +274,7 @@ class AsyncSimpleConsumer(_RouteUser):
         invisible_ms: int = 30_000,
         request_timeout_s: float = 40.0,
         fault_isolation_ms: int = 10_000,
-        receive_ahead: bool = True,
+        receive_ahead: bool = False,
         ca_file: str | None = None,
         client_cert: str | tuple[str, str] | None = None,
         client_id: str | None = None,
@@ -303,7 +306,7 @@ class AsyncSimpleConsumer(_RouteUser):
             if ahead is not None:
                 await self._release(await ahead[1])
             msgs = await self._receive_now(*key)
-        if self.receive_ahead:
+        if self.receive_ahead and len(msgs) == max_messages:  # a backlog: the next batch is there
             task = asyncio.get_running_loop().create_task(self._receive_now(*key))
             self._ahead = (key, task)
         return msgs
@@ -336,12 +339,13 @@ class AsyncSimpleConsumer(_RouteUser):
         raise last
 
     async def _release(self, msgs: list[ReceivedMessage]) -> None:
-        """Give back messages received ahead that the caller will not see (redelivered at once)."""
-        if msgs:
+        """Give back messages received ahead that the caller will not see: visible again at once
+        (invisibility 0), not a nack, which would count as a failed delivery."""
+        for m in msgs:
             try:
-                await self._settle("nack", msgs)
-            except LedgerMQError as exc:  # they come back when their invisibility ends anyway
-                log.warning("release of %d received-ahead messages failed: %s", len(msgs), exc)
+                await self.change_invisible_duration(m, 0)
+            except LedgerMQError as exc:  # it comes back when its invisibility ends anyway
+                log.warning("release of a received-ahead message failed: %s", exc)
 
     async def _settle(self, action: str, msgs: list[ReceivedMessage]) -> dict[str, Any]:
         """One request per broker set; `{"results": [...]}` with one entry per message, in the

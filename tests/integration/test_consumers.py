@@ -84,7 +84,7 @@ def test_simple_consumer_receive_ahead_and_coalesced_acks(env):
     ns, _ = env
     bodies = fill(env, "simple", 300, queues=2)
     got: list[str] = []
-    with SimpleConsumer("g-simple", "simple", ns) as c:
+    with SimpleConsumer("g-simple", "simple", ns, receive_ahead=True) as c:
         deadline = time.monotonic() + 30
         while len(got) < 300 and time.monotonic() < deadline:
             msgs = c.receive(max_messages=32, wait_ms=200)
