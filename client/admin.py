@@ -300,21 +300,31 @@ class AsyncAdmin:
         return {s.broker_name: await self._first(s, "GET", f"/consumers/{seg(group)}/config")
                 for s in await self.broker_sets()}
 
-    async def consumer_progress(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
+    async def consumer_progress(
+        self, group: str | None = None, topic: str | None = None
+    ) -> list[dict[str, Any]]:
         """Per broker set, topic and queue: the group's committed offset, max offset and lag; a set
-        that does not answer gets one row `{"brokerName", "error": "UNREACHABLE"}`."""
+        that does not answer gets one row `{"brokerName", "error": "UNREACHABLE"}`. Without a
+        `group`, every group of every set (RocketMQ's consumerProgress without -g), each row with
+        its `group`."""
         rows = []
         down = []
         sets = await self.broker_sets()
         for s in sets:
             try:
-                offsets = await self.group_offsets_of_set(s, group, topic)
+                if group is not None:
+                    offsets = await self.group_offsets_of_set(s, group, topic)
+                    rows += [{"brokerName": s.broker_name, **o} for o in offsets]
+                    continue
+                for g in (await self._first(s, "GET", "/consumers"))["groups"]:
+                    offsets = await self.group_offsets_of_set(s, g, topic)
+                    rows += [{"group": g, "brokerName": s.broker_name, **o} for o in offsets]
             except BrokerUnreachableError as exc:
                 down.append({"brokerName": s.broker_name, "error": exc.code})
-                continue
-            rows += [{"brokerName": s.broker_name, **o} for o in offsets]
         if len(down) == len(sets):
-            raise BrokerUnreachableError(f"consumer progress of {group!r}: no broker set answered")
+            raise BrokerUnreachableError(
+                f"consumer progress of {group or 'every group'}: no broker set answered"
+            )
         return rows + down
 
     async def groups_of_set(self, broker_set: BrokerSet) -> list[dict[str, Any]]:

@@ -126,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = cmd("topicStatus", "Min/max offset of each queue of a topic")
     c.add_argument("-t", "--topic", required=True)
     cmd("clusterList", "Broker sets and members with role, term and commit index")
-    c = cmd("consumerProgress", "A group's committed offset, broker max offset and lag per queue")
-    c.add_argument("-g", "--consumerGroup", required=True)
+    c = cmd("consumerProgress", "A group's (or, without -g, every group's) committed offset, max offset, lag")
+    c.add_argument("-g", "--consumerGroup")
     c.add_argument("-t", "--topic")
     c = cmd("queryMsgById", "Show a message by its id")
     c.add_argument("-i", "--msgId", required=True)
@@ -305,6 +305,8 @@ def cmd_cluster_list(a: Admin, args: argparse.Namespace) -> Result:
 def cmd_consumer_progress(a: Admin, args: argparse.Namespace) -> Result:
     rows = a.consumer_progress(args.consumerGroup, args.topic)
     columns = ["brokerName", "topic", "queueId", "offset", "maxOffset", "lag"]
+    if args.consumerGroup is None:
+        columns.insert(0, "group")
     return rows, [*columns, *_error_column(rows)]
 
 

@@ -56,6 +56,11 @@ def test_mqadmin_topic_lifecycle_and_messages(env):
     admin(env, "resetOffsetByTime", "-g", "ops-g", "-t", "ops", "-s", "0")
     progress = admin(env, "consumerProgress", "-g", "ops-g", "-t", "ops")
     assert sum(r["offset"] for r in progress) == 0
+    # Without -g: every group, each row naming it (RocketMQ's consumerProgress does the same).
+    every = admin(env, "consumerProgress", "-t", "ops")
+    assert {r["group"] for r in every} >= {"ops-g"}
+    assert [r for r in every if r["group"] == "ops-g"] == [{"group": "ops-g", **r} for r in progress]
+    assert "group" in admin(env, "consumerProgress", as_json=False).splitlines()[0]
     rows = admin(env, "clusterList")
     assert rows[0]["brokerName"] == "broker-s" and rows[0]["role"] == "MASTER"
     table = admin(env, "topicStatus", "-t", "ops", as_json=False)
