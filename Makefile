@@ -1,6 +1,8 @@
-# LedgerMQ: `make run` starts a name server and a 3-member DLedger broker set on loopback;
+# LedgerMQ: `make run` starts a name server and a 3-member DLedger broker set on loopback
+# (`make run SETS=2`: two sets, broker-a and broker-b);
 # `make test` runs the whole suite. Both create .venv on first use.
 PY ?= python3.11
+SETS ?= 1
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -16,7 +18,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/ledgermq-run
+	$(BIN)/ledgermq-run --sets $(SETS)
 
 # tests/browser drive Debian's Chromium: installed here when root (CI), else those tests skip.
 browser-deps:

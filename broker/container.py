@@ -1,9 +1,11 @@
 """`mqbrokercontainer -c broker-container.conf`: several brokers in one process and one event loop.
 
-Container keys (RocketMQ's BrokerContainer names): `listenHost` (default 0.0.0.0), `listenPort`
-(the container's own HTTP port: `/health`, `/brokers`), `namesrvAddr` (given to every hosted broker),
-`brokerConfigPaths`
-(`:`-separated broker .properties files; relative paths are relative to the container file).
+Container keys (RocketMQ's BrokerContainer names): `listenHost` (default 0.0.0.0; RocketMQ 5's
+`bindAddress` is the same), `listenPort` (the container's own HTTP port: `/health`, `/brokers`),
+`namesrvAddr` (given to every hosted broker), `brokerConfigPaths` (`:`-separated broker .properties
+files; relative paths are relative to the container file). The other keys RocketMQ 5.3 reads from a
+container file (`UNIMPLEMENTED_CONTAINER_KEYS`) are accepted with one warning each, so an operator's
+`broker-container.conf` starts; a key nobody knows (a typo) is refused with the nearest known key.
 Each broker keeps its own store, ports and name-server registration. A broker that fails to start
 is reported (log, `/brokers`) and does not take the others down; SIGINT/SIGTERM stop all of them
 gracefully.
@@ -33,7 +35,24 @@ from broker.runtime import BrokerRuntime, tune_gc
 
 log = logging.getLogger("broker.container")
 
-CONTAINER_KEYS = ("listenHost", "listenPort", "namesrvAddr", "brokerConfigPaths")
+CONTAINER_KEYS = ("listenHost", "bindAddress", "listenPort", "namesrvAddr", "brokerConfigPaths")
+
+# What RocketMQ 5.3's BrokerContainerStartup reads from a container file and LedgerMQ does not
+# implement: the setters of BrokerContainerConfig, NettyServerConfig and NettyClientConfig (the file
+# is applied to all three), plus BrokerContainerConfig's brokerContainerIP (a field without setter).
+UNIMPLEMENTED_CONTAINER_KEYS = frozenset("""
+rocketmqHome fetchNameSrvAddrByDnsLookup fetchNamesrvAddrByAddressServer brokerContainerIP
+fetchNamesrvAddrInterval updateNamesrvAddrInterval configBlackList
+serverWorkerThreads serverSelectorThreads serverOnewaySemaphoreValue serverCallbackExecutorThreads
+serverAsyncSemaphoreValue serverChannelMaxIdleTimeSeconds serverSocketSndBufSize serverSocketRcvBufSize
+serverSocketBacklog serverPooledByteBufAllocatorEnable useEpollNativeSelector writeBufferLowWaterMark
+writeBufferHighWaterMark serverNettyWorkerGroupEnable enableShutdownGracefully shutdownWaitTimeSeconds
+clientCloseSocketIfTimeout clientWorkerThreads clientOnewaySemaphoreValue connectTimeoutMillis
+clientCallbackExecutorThreads channelNotActiveInterval clientAsyncSemaphoreValue
+clientChannelMaxIdleTimeSeconds clientSocketSndBufSize clientSocketRcvBufSize
+clientPooledByteBufAllocatorEnable useTLS disableCallbackExecutor disableNettyWorkerGroup
+maxReconnectIntervalTimeSeconds enableReconnectForGoAway socksProxyConfig scanAvailableNameSrv
+""".split())
 
 
 @dataclass
@@ -59,7 +78,7 @@ class ContainerConfig:
                 if not value.isdigit() or not 0 < int(value) < 65536:
                     raise ConfigError(where, key, f"bad value {value!r}: expected a port 1..65535")
                 cfg.listen_port = int(value)
-            elif key == "listenHost":
+            elif key in ("listenHost", "bindAddress"):
                 cfg.listen_host = value
             elif key == "namesrvAddr":
                 cfg.namesrv_addr = value
@@ -67,8 +86,13 @@ class ContainerConfig:
                 cfg.broker_config_paths = [
                     p if os.path.isabs(p) else os.path.join(base, p) for p in value.split(":") if p.strip()
                 ]
+            elif key in UNIMPLEMENTED_CONTAINER_KEYS:
+                log.warning(
+                    "event=config_key_ignored source=%s key=%s reason=not implemented by LedgerMQ", where, key
+                )
             else:
-                near = difflib.get_close_matches(key, CONTAINER_KEYS, n=1, cutoff=0.5)
+                known = [*CONTAINER_KEYS, *UNIMPLEMENTED_CONTAINER_KEYS]
+                near = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
                 raise ConfigError(where, key, "unknown container key", near[0] if near else None)
         if not cfg.broker_config_paths:
             raise ConfigError(path, "brokerConfigPaths", "no broker config listed")

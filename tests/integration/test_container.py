@@ -139,3 +139,114 @@ async def test_a_hosted_broker_whose_server_stops_is_reported_failed_and_the_oth
     finally:
         await container.stop()
     assert c2.state == "STOPPED"
+
+
+# RocketMQ 5.3's distribution/conf/container/broker-container.conf, followed by every other key its
+# BrokerContainerStartup applies from a container file (BrokerContainerConfig, NettyServerConfig,
+# NettyClientConfig) at RocketMQ's defaults. Ports, paths and namesrvAddr are set by the test.
+ROCKETMQ_53_CONTAINER_KEYS = """\
+fetchNamesrvAddrByAddressServer=false
+rocketmqHome=/opt/rocketmq
+fetchNameSrvAddrByDnsLookup=false
+brokerContainerIP=127.0.0.1
+fetchNamesrvAddrInterval=10000
+updateNamesrvAddrInterval=120000
+configBlackList=configBlackList;brokerConfigPaths
+bindAddress=127.0.0.1
+serverWorkerThreads=8
+serverCallbackExecutorThreads=0
+serverSelectorThreads=3
+serverOnewaySemaphoreValue=256
+serverAsyncSemaphoreValue=64
+serverChannelMaxIdleTimeSeconds=120
+serverSocketSndBufSize=0
+serverSocketRcvBufSize=0
+writeBufferHighWaterMark=0
+writeBufferLowWaterMark=0
+serverSocketBacklog=1024
+serverNettyWorkerGroupEnable=true
+serverPooledByteBufAllocatorEnable=true
+enableShutdownGracefully=false
+shutdownWaitTimeSeconds=30
+useEpollNativeSelector=false
+clientWorkerThreads=4
+clientCallbackExecutorThreads=2
+clientOnewaySemaphoreValue=65535
+clientAsyncSemaphoreValue=65535
+connectTimeoutMillis=3000
+channelNotActiveInterval=60000
+scanAvailableNameSrv=true
+clientChannelMaxIdleTimeSeconds=120
+clientSocketSndBufSize=0
+clientSocketRcvBufSize=0
+clientPooledByteBufAllocatorEnable=false
+clientCloseSocketIfTimeout=true
+useTLS=false
+socksProxyConfig={}
+disableCallbackExecutor=false
+disableNettyWorkerGroup=false
+maxReconnectIntervalTimeSeconds=60
+enableReconnectForGoAway=true
+"""
+
+# The keys of RocketMQ 5.3's broker-a-in-container1.conf (2container-2m-2s) LedgerMQ does not use.
+ROCKETMQ_53_HOSTED_BROKER_KEYS = {
+    "brokerRole": "SYNC_MASTER",
+    "haListenPort": "10912",
+    "totalReplicas": "2",
+    "inSyncReplicas": "2",
+    "minInSyncReplicas": "1",
+    "enableAutoInSyncReplicas": "true",
+    "slaveReadEnable": "true",
+    "brokerHeartbeatInterval": "1000",
+    "brokerNotActiveTimeoutMillis": "5000",
+    "sendHeartbeatTimeoutMillis": "1000",
+    "enableSlaveActingMaster": "true",
+    "supportActingMaster": "true",
+}
+
+
+def test_the_container_starts_from_rocketmq_53_container_and_broker_files(tmp_path):
+    group = ProcessGroup(tmp_path)
+    try:
+        ns = start_namesrv(group, tmp_path)
+        bport, cport = free_port(), free_port()
+        broker = write_conf(
+            CONF / "container" / "broker-c1.conf",
+            tmp_path / "broker-a-in-container1.conf",
+            {
+                "listenPort": str(bport),
+                "storePathRootDir": str(tmp_path / "store"),
+                "storePathCommitLog": str(tmp_path / "store" / "commitlog"),
+                **ROCKETMQ_53_HOSTED_BROKER_KEYS,
+            },
+        )
+        conf = tmp_path / "broker-container.conf"
+        conf.write_text(
+            f"listenPort={cport}\nnamesrvAddr={ns}\nbrokerConfigPaths={broker.name}\n"
+            + ROCKETMQ_53_CONTAINER_KEYS
+        )
+        proc = group.start("container", "broker.container", "-c", str(conf))
+        rows = wait_http(
+            f"http://127.0.0.1:{cport}/brokers",
+            proc=proc,
+            timeout_s=20,
+            ok=lambda r: r.status_code == 200 and r.json()["brokers"][0]["state"] == "RUNNING",
+        ).json()["brokers"]
+        assert rows[0]["brokerName"] == "broker-c1"
+        r = httpx.post(f"http://127.0.0.1:{bport}/topics/t53/messages", json={"messages": [{"body": "x"}]})
+        assert r.status_code == 200, r.text
+        log = group.log_text("container")
+        ignored = [line for line in log.splitlines() if "event=config_key_ignored" in line]
+        for key in [line.partition("=")[0] for line in ROCKETMQ_53_CONTAINER_KEYS.splitlines()]:
+            if key == "bindAddress":  # RocketMQ 5's name of listenHost: used, not ignored
+                continue
+            named = [line for line in ignored if f"key={key} " in line and "broker-container.conf" in line]
+            assert len(named) == 1, (key, named)
+        for key in ROCKETMQ_53_HOSTED_BROKER_KEYS:
+            assert sum(f"key={key} " in line for line in ignored) == 1, key
+        assert not any("key=bindAddress " in line for line in ignored)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        group.stop_all()
