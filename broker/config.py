@@ -18,6 +18,14 @@ from typing import Any
 
 from dledger.config import DLedgerConfig, parse_peers
 from dledger.rpc.auth import load_peer_keys
+from listener.config import (
+    CLIENT_KEYS,
+    SERVER_KEYS,
+    ClientTlsConfig,
+    ListenerConfig,
+    ListenerConfigError,
+    apply_key,
+)
 from wire.names import BROKER_NAME_RE
 
 log = logging.getLogger(__name__)
@@ -211,7 +219,7 @@ duplicationEnable diskFallRecorded osPageCacheBusyTimeOutMills defaultQueryMaxNu
 enableConsumeQueueExt mappedFileSizeConsumeQueueExt bitMapLengthConsumeQueueExt rocketmqHome
 kvConfigPath configStorePath clusterTopicEnable brokerTopicEnable traceTopicEnable msgTraceTopicName
 brokerPermission serverWorkerThreads serverCallbackExecutorThreads serverSelectorThreads
-serverOnewaySemaphoreValue serverAsyncSemaphoreValue serverChannelMaxIdleTimeSeconds
+serverOnewaySemaphoreValue serverAsyncSemaphoreValue
 serverSocketSndBufSize serverSocketRcvBufSize serverPooledByteBufAllocatorEnable
 useEpollNativeSelector clientWorkerThreads clientCallbackExecutorThreads brokerIP2
 waitTimeMillsInSendQueue waitTimeMillsInPullQueue filterServerNums notifyConsumerIdsChangedEnable
@@ -278,6 +286,10 @@ class BrokerConfig:
     acl_config_file: str = ""
     register_name_server_period: int = 30_000  # ms between heartbeats to every name server
     grpc_server_port: int = 0  # the RocketMQ 5 gRPC endpoint's port (RocketMQ proxy's key); 0 = none
+    # The HTTP listener's TLS, read deadlines and connection caps, and the TLS of the calls to the
+    # name servers: keys of listener.config's table (tls.server.*, tls.client.*, maxConnections …).
+    listener: ListenerConfig = field(default_factory=ListenerConfig)
+    tls_client: ClientTlsConfig = field(default_factory=ClientTlsConfig)
     source: str = "<defaults>"  # where the config came from, for error messages
     extra: dict[str, str] = field(default_factory=dict)  # accepted-but-unimplemented RocketMQ keys
 
@@ -297,6 +309,11 @@ class BrokerConfig:
 
     def validate(self) -> None:
         """Cross-key checks, raising ConfigError naming the key."""
+        try:
+            self.listener.validate()
+            self.tls_client.validate()
+        except ListenerConfigError as exc:
+            raise ConfigError(self.source, exc.key, exc.reason) from None
         if self.cq_unit_misaligned():
             raise ConfigError(self.source, "mappedFileSizeConsumeQueue", "must be a multiple of 20")
         if self.enable_dledger_commit_log:
@@ -373,7 +390,15 @@ def parse_properties(text: str) -> list[tuple[int, str, str]]:
 
 
 def _known_keys() -> list[str]:
-    return [*KEYS, *UNIMPLEMENTED_KEYS]
+    return [*KEYS, *SERVER_KEYS, *CLIENT_KEYS, *UNIMPLEMENTED_KEYS]
+
+
+def _apply_listener_key(cfg: BrokerConfig, key: str, raw: str, where: str) -> bool:
+    """A key of the shared listener table (HTTP listener, outgoing TLS): set it, True."""
+    try:
+        return apply_key(cfg.listener, key, raw) or apply_key(cfg.tls_client, key, raw)
+    except ValueError as exc:
+        raise ConfigError(where, key, f"bad value: {exc}") from None
 
 
 def config_from_mapping(values: Mapping[str, str], source: str = "<mapping>",
@@ -388,6 +413,8 @@ def config_from_mapping(values: Mapping[str, str], source: str = "<mapping>",
                 setattr(cfg, attr, parse(raw))
             except ValueError as exc:
                 raise ConfigError(where, key, f"bad value: {exc}") from None
+        elif _apply_listener_key(cfg, key, raw, where):
+            pass
         elif key in UNIMPLEMENTED_KEYS:
             log.warning("event=config_key_ignored source=%s key=%s reason=not implemented by LedgerMQ",
                         where, key)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import difflib
 import logging
 import os
@@ -24,14 +23,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 import uvloop
 from fastapi import FastAPI
 
 from apidocs import install_offline_docs
 from broker.config import ConfigError, load_broker_config, parse_properties
-from broker.http.server import QuietServer
 from broker.runtime import BrokerRuntime, tune_gc
+from listener.config import SERVER_KEYS, ListenerConfig, ListenerConfigError, apply_key
+from listener.server import HttpListener
 
 log = logging.getLogger("broker.container")
 
@@ -44,7 +43,7 @@ UNIMPLEMENTED_CONTAINER_KEYS = frozenset("""
 rocketmqHome fetchNameSrvAddrByDnsLookup fetchNamesrvAddrByAddressServer brokerContainerIP
 fetchNamesrvAddrInterval updateNamesrvAddrInterval configBlackList
 serverWorkerThreads serverSelectorThreads serverOnewaySemaphoreValue serverCallbackExecutorThreads
-serverAsyncSemaphoreValue serverChannelMaxIdleTimeSeconds serverSocketSndBufSize serverSocketRcvBufSize
+serverAsyncSemaphoreValue serverSocketSndBufSize serverSocketRcvBufSize
 serverSocketBacklog serverPooledByteBufAllocatorEnable useEpollNativeSelector writeBufferLowWaterMark
 writeBufferHighWaterMark serverNettyWorkerGroupEnable enableShutdownGracefully shutdownWaitTimeSeconds
 clientCloseSocketIfTimeout clientWorkerThreads clientOnewaySemaphoreValue connectTimeoutMillis
@@ -61,6 +60,9 @@ class ContainerConfig:
     listen_port: int = 10700
     namesrv_addr: str = ""
     broker_config_paths: list[str] = field(default_factory=list)
+    # The container port's TLS, deadlines and caps (listener.config's keys; each hosted broker
+    # has its own in its file).
+    listener: ListenerConfig = field(default_factory=ListenerConfig)
     source: str = "<defaults>"
 
     @classmethod
@@ -86,16 +88,25 @@ class ContainerConfig:
                 cfg.broker_config_paths = [
                     p if os.path.isabs(p) else os.path.join(base, p) for p in value.split(":") if p.strip()
                 ]
+            elif key in SERVER_KEYS:
+                try:
+                    apply_key(cfg.listener, key, value)
+                except ValueError as exc:
+                    raise ConfigError(where, key, f"bad value: {exc}") from None
             elif key in UNIMPLEMENTED_CONTAINER_KEYS:
                 log.warning(
                     "event=config_key_ignored source=%s key=%s reason=not implemented by LedgerMQ", where, key
                 )
             else:
-                known = [*CONTAINER_KEYS, *UNIMPLEMENTED_CONTAINER_KEYS]
+                known = [*CONTAINER_KEYS, *SERVER_KEYS, *UNIMPLEMENTED_CONTAINER_KEYS]
                 near = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
                 raise ConfigError(where, key, "unknown container key", near[0] if near else None)
         if not cfg.broker_config_paths:
             raise ConfigError(path, "brokerConfigPaths", "no broker config listed")
+        try:
+            cfg.listener.validate()
+        except ListenerConfigError as exc:
+            raise ConfigError(path, exc.key, exc.reason) from None
         return cfg
 
 
@@ -116,8 +127,7 @@ class BrokerContainer:
     def __init__(self, config: ContainerConfig) -> None:
         self.config = config
         self.brokers = [HostedBroker(p) for p in config.broker_config_paths]
-        self.server: QuietServer | None = None
-        self._serve_task: asyncio.Task[None] | None = None
+        self.listener: HttpListener | None = None
         self.stopping = asyncio.Event()
 
     def app(self) -> FastAPI:
@@ -178,23 +188,15 @@ class BrokerContainer:
     async def start(self) -> None:
         """Serve the container's own port first (so it is never taken by a hosted broker), then
         start the brokers concurrently."""
-        self.server = QuietServer(
-            uvicorn.Config(
-                self.app(),
-                host=self.config.listen_host,
-                port=self.config.listen_port,
-                loop="none",
-                http="httptools",
-                lifespan="off",
-                log_level="warning",
-                access_log=False,
-            )
+        cfg = self.config
+        self.listener = HttpListener(
+            self.app(),
+            name=f"container@{cfg.listen_host}:{cfg.listen_port}",
+            host=cfg.listen_host,
+            port=cfg.listen_port,
+            config=cfg.listener,
         )
-        self._serve_task = asyncio.get_running_loop().create_task(self.server.serve(), name="container-http")
-        while not self.server.started:
-            if self._serve_task.done():
-                raise RuntimeError(f"container port {self.config.listen_port} could not be served")
-            await asyncio.sleep(0.01)
+        await self.listener.start()
         await asyncio.gather(*(self._start_one(b) for b in self.brokers))
         log.info(
             "event=container_started port=%d brokers=%s",
@@ -204,22 +206,21 @@ class BrokerContainer:
 
     async def run_until_stopped(self) -> None:
         waits = [asyncio.ensure_future(self.stopping.wait())]
-        if self._serve_task is not None:
-            waits.append(self._serve_task)  # type: ignore[arg-type]
+        if self.listener is not None:
+            waits.append(asyncio.ensure_future(self.listener.wait()))
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         await self.stop()
 
     async def stop(self) -> None:
         self.stopping.set()
-        if self.server is not None:
-            self.server.should_exit = True
+        if self.listener is not None:
+            self.listener.request_stop()
         running = [b for b in self.brokers if b.runtime is not None]
         await asyncio.gather(*(b.runtime.stop() for b in running), return_exceptions=True)
         for b in running:
             b.state = "STOPPED"
-        if self._serve_task is not None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await self._serve_task
+        if self.listener is not None:
+            await self.listener.stop()
         log.info("event=container_stopped")
 
 

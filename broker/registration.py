@@ -27,7 +27,10 @@ class BrokerRegistrar:
         self, state: BrokerState, namesrv_addrs: list[str], interval_s: float = REGISTER_INTERVAL_S
     ) -> None:
         self.state = state
-        self.namesrv_urls = [a if a.startswith("http") else f"http://{a}" for a in namesrv_addrs]
+        # tls.enable: the name servers are reached over HTTPS, verified against tls.client.trustCertPath.
+        self.tls = state.config.tls_client
+        scheme = self.tls.scheme
+        self.namesrv_urls = [a if a.startswith("http") else f"{scheme}://{a}" for a in namesrv_addrs]
         self.interval_s = interval_s
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -62,7 +65,7 @@ class BrokerRegistrar:
                 "event=registration_disabled broker=%s reason=no namesrvAddr", self.state.config.broker_name
             )
             return
-        self._client = httpx.AsyncClient(timeout=3.0)
+        self._client = httpx.AsyncClient(timeout=3.0, verify=self.tls.ssl_context() or True)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="namesrv-registration")
 
     async def _run(self) -> None:

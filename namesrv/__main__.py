@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-import uvicorn
 import uvloop
 
+from listener.server import HttpListener
 from namesrv.app import create_app
 from namesrv.config import NamesrvConfig
 
@@ -23,22 +23,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def serve(config: NamesrvConfig) -> None:
-    """Serve until SIGINT/SIGTERM (uvicorn installs the handlers)."""
-    app = create_app(config)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=config.listen_host,
-            port=config.listen_port,
-            loop="none",
-            http="httptools",
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-        )
+async def serve(config: NamesrvConfig) -> int:
+    """Serve until SIGINT/SIGTERM (the listener installs the handlers); 1 if it cannot listen."""
+    listener = HttpListener(
+        create_app(config),
+        name=f"namesrv@{config.listen_host}:{config.listen_port}",
+        host=config.listen_host,
+        port=config.listen_port,
+        config=config.listener,
+        lifespan="on",
+        handle_signals=True,
     )
-    await server.serve()
+    try:
+        await listener.start()
+    except (OSError, RuntimeError) as exc:
+        log.error("event=namesrv_start_failed error=%s", exc)
+        return 1
+    await listener.wait()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"mqnamesrv: {exc}", file=sys.stderr)
         return 2
-    uvloop.run(serve(config))
-    return 0
+    return uvloop.run(serve(config))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import difflib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from listener.config import SERVER_KEYS, ListenerConfig, ListenerConfigError, apply_key
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,6 @@ _IGNORED_KEYS = {
     "serverSelectorThreads",
     "serverOnewaySemaphoreValue",
     "serverAsyncSemaphoreValue",
-    "serverChannelMaxIdleTimeSeconds",
     "serverSocketSndBufSize",
     "serverSocketRcvBufSize",
     "serverPooledByteBufAllocatorEnable",
@@ -72,6 +73,8 @@ class NamesrvConfig:
     # RocketMQ's BROKER_CHANNEL_EXPIRED_TIME: a broker silent this long drops out of routes.
     broker_expired_ms: int = 120_000
     scan_not_active_broker_interval_ms: int = 5_000
+    # TLS, read deadlines and connection caps of the HTTP port (listener.config's keys).
+    listener: ListenerConfig = field(default_factory=ListenerConfig)
 
     _KEYS = {
         "listenHost": ("listen_host", str),
@@ -91,10 +94,15 @@ class NamesrvConfig:
                     setattr(cfg, attr, conv(value))
                 except ValueError as exc:
                     raise ValueError(f"{source}: {key}={value!r}: {exc}") from None
+            elif key in SERVER_KEYS:
+                try:
+                    apply_key(cfg.listener, key, value)
+                except ValueError as exc:
+                    raise ValueError(f"{source}: {key}={value!r}: {exc}") from None
             elif key in _IGNORED_KEYS:
                 log.warning("namesrv config %s: key %s is accepted but not used by LedgerMQ", source, key)
             else:
-                near = difflib.get_close_matches(key, [*cls._KEYS, *_IGNORED_KEYS], n=1)
+                near = difflib.get_close_matches(key, [*cls._KEYS, *SERVER_KEYS, *_IGNORED_KEYS], n=1)
                 hint = f" (did you mean {near[0]}?)" if near else ""
                 raise ValueError(f"{source}: unknown key {key!r}{hint}")
         cfg.validate(source)
@@ -111,3 +119,7 @@ class NamesrvConfig:
             raise ValueError(f"{source}: brokerExpiredMs must be > 0")
         if self.scan_not_active_broker_interval_ms <= 0:
             raise ValueError(f"{source}: scanNotActiveBrokerInterval must be > 0")
+        try:
+            self.listener.validate()
+        except ListenerConfigError as exc:
+            raise ValueError(f"{source}: {exc}") from None

@@ -45,6 +45,7 @@ class ErrorCode(StrEnum):
     UNAUTHORIZED = "UNAUTHORIZED", 401, "Unauthorized"
     FORBIDDEN = "FORBIDDEN", 403, "Forbidden"
     SERVICE_UNAVAILABLE = "SERVICE_UNAVAILABLE", 503, "Service unavailable"
+    REQUEST_TIMEOUT = "REQUEST_TIMEOUT", 408, "Request not received in time"
     INTERNAL_ERROR = "INTERNAL_ERROR", 500, "Internal error"
     # message model (#15); RocketMQ gRPC names in comments
     MESSAGE_TYPE_MISMATCH = (  # MESSAGE_PROPERTY_CONFLICT_WITH_TYPE

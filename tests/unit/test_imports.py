@@ -1,9 +1,10 @@
 """The import directions of the project, read from the source with `ast` (nothing is imported):
 
     wire, dledger, apidocs → nothing of ours
-    namesrv              → wire, apidocs (never broker)
+    listener             → wire (the HTTP ports' TLS, deadlines and caps)
+    namesrv              → listener, wire, apidocs (never broker)
     client               → wire (never broker)
-    broker               → dledger, wire, apidocs (never client, pipeline)
+    broker               → dledger, listener, wire, apidocs (never client, pipeline)
     pipeline, console    → client, wire (never broker)
     front-ends (broker.http, broker.grpc) are imported only by themselves and the composition
     root (broker.runtime, broker.__main__, broker.container); nothing below them (broker.service,
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-OURS = ("apidocs", "broker", "client", "console", "dledger", "namesrv", "pipeline", "wire")
+OURS = ("apidocs", "broker", "client", "console", "dledger", "listener", "namesrv", "pipeline", "wire")
 FRONT_ENDS = ("broker.http", "broker.grpc")
 COMPOSITION_ROOT = ("broker.runtime", "broker.__main__", "broker.container")
 
@@ -33,9 +34,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "wire": frozenset(),
     "dledger": frozenset(),
     "apidocs": frozenset(),  # the servers' offline /docs assets
-    "namesrv": frozenset({"wire", "apidocs"}),
+    "listener": frozenset({"wire"}),
+    "namesrv": frozenset({"listener", "wire", "apidocs"}),
     "client": frozenset({"wire"}),
-    "broker": frozenset({"dledger", "wire", "apidocs"}),
+    "broker": frozenset({"dledger", "listener", "wire", "apidocs"}),
     "pipeline": frozenset({"client", "wire"}),
     "console": frozenset({"client", "wire"}),
 }

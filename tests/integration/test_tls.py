@@ -1,0 +1,130 @@
+"""HTTPS on real processes: a name server and a broker with `tls.server.mode=enforcing`, the broker
+registering over HTTPS (`tls.enable`, `tls.client.trustCertPath`); the SDK (its `ca_file` option),
+mqadmin and curl produce and consume over HTTPS; plaintext and unverified clients get nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import ssl
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from client import PullConsumer, SimpleConsumer
+from client.mqadmin import main as mqadmin
+from client.producer import Producer
+from tests.integration._ledgermq_procs import CONF, ProcessGroup, free_port, write_conf
+from tests.tls_certs import make_pki
+
+pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+
+
+def _wait_https(url: str, ca: str, proc, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"exited with {proc.returncode}"
+        try:
+            if httpx.get(url, verify=ssl.create_default_context(cafile=ca), timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise AssertionError(f"{url}: {last}")
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tls")
+    pki = make_pki(d / "pki")
+    server_tls = {
+        "tls.server.mode": "enforcing",
+        "tls.server.certPath": str(pki.server_cert),
+        "tls.server.keyPath": str(pki.server_key),
+    }
+    group = ProcessGroup(d)
+    try:
+        ns_port, b_port = free_port(), free_port()
+        ns_values = {"listenPort": str(ns_port), **server_tls}
+        ns_conf = write_conf(CONF / "namesrv.conf", d / "namesrv.conf", ns_values)
+        ns = group.start("namesrv", "namesrv", "-c", str(ns_conf))
+        _wait_https(f"https://127.0.0.1:{ns_port}/health", str(pki.ca), ns)
+        b_conf = write_conf(
+            CONF / "broker-single.conf",
+            d / "broker.conf",
+            {
+                "listenPort": str(b_port),
+                "storePathRootDir": str(d / "store"),
+                "namesrvAddr": f"127.0.0.1:{ns_port}",
+                **server_tls,
+                "tls.enable": "true",
+                "tls.client.trustCertPath": str(pki.ca),
+            },
+        )
+        broker = group.start("broker", "broker", "-c", str(b_conf))
+        _wait_https(f"https://127.0.0.1:{b_port}/health", str(pki.ca), broker)
+        yield {"group": group, "pki": pki, "ns": f"127.0.0.1:{ns_port}", "broker": f"127.0.0.1:{b_port}"}
+    finally:
+        group.stop_all()
+
+
+def test_the_broker_registers_over_https_and_the_sdk_produces_and_consumes(tls_cluster):
+    ns, ca = tls_cluster["ns"], str(tls_cluster["pki"].ca)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        brokers = httpx.get(f"https://{ns}/cluster", verify=ssl.create_default_context(cafile=ca)).json()[
+            "brokers"
+        ]
+        if brokers.get("broker-s", {}).get("masterAddr"):
+            break
+        time.sleep(0.1)
+    assert brokers["broker-s"]["masterAddr"] == tls_cluster["broker"]
+    assert "event=register_failed" not in tls_cluster["group"].log_text("broker")
+
+    with Producer(ns, ca_file=ca) as producer:
+        sent = [producer.send("tls-sdk", f"secret-{i}", queue_id=0) for i in range(3)]
+    with PullConsumer(ns, ca_file=ca) as consumer:
+        got = consumer.pull("tls-sdk", 0, 0, 32)
+    assert [m.body for m in got.messages] == [b"secret-0", b"secret-1", b"secret-2"]
+    assert [m.msg_id for m in got.messages] == [r.msg_id for r in sent]
+    with SimpleConsumer("g-tls", "tls-sdk", ns, ca_file=ca) as group_consumer:
+        received = group_consumer.receive(max_messages=8, wait_ms=2000)
+        assert sorted(m.body for m in received) == [b"secret-0", b"secret-1", b"secret-2"]
+        assert all(r["status"] == "OK" for r in group_consumer.ack(*received)["results"])
+
+    out = io.StringIO()
+    assert mqadmin(["topicStatus", "-n", ns, "-t", "tls-sdk", "--ca-file", ca, "--json"], out=out) == 0
+    assert sum(row["maxOffset"] for row in json.loads(out.getvalue())) == 3
+
+
+def _curl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["curl", "-sS", "--max-time", "10", *args], capture_output=True, text=True)
+
+
+def test_curl_produces_and_consumes_over_https(tls_cluster):
+    b, ca = tls_cluster["broker"], str(tls_cluster["pki"].ca)
+    r = _curl(
+        "--cacert", ca, "-X", "POST", f"https://{b}/topics/tls-curl/messages",
+        "-H", "Content-Type: application/json", "-d", '{"messages": [{"body": "over tls", "queueId": 0}]}',
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["results"][0]["queueOffset"] == 0
+    r = _curl("--cacert", ca, f"https://{b}/topics/tls-curl/queues/0/messages?offset=0")
+    assert r.returncode == 0, r.stderr
+    assert [m["body"] for m in json.loads(r.stdout)["messages"]] == ["over tls"]
+
+
+def test_plaintext_and_unverified_clients_get_no_answer(tls_cluster):
+    b, pki = tls_cluster["broker"], tls_cluster["pki"]
+    plain = _curl(f"http://{b}/health")
+    assert plain.returncode != 0 and plain.stdout == "", plain  # no HTTP answer to plaintext
+    unverified = _curl(f"https://{b}/health")  # the system CAs do not know ours
+    assert unverified.returncode == 60, unverified
+    wrong_ca = _curl("--cacert", str(pki.rogue_ca), f"https://{b}/health")
+    assert wrong_ca.returncode == 60, wrong_ca
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"https://{b}/health", verify=ssl.create_default_context(cafile=str(pki.rogue_ca)))
