@@ -27,6 +27,7 @@ from listener.config import (
     apply_key,
 )
 from wire.names import BROKER_NAME_RE
+from wire.regauth import load_secrets
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +197,7 @@ KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "aclConfigFile": ("acl_config_file", _path),
     "registerNameServerPeriod": ("register_name_server_period", _register_period),
     "grpcServerPort": ("grpc_server_port", _port),
+    "registrationSecretFile": ("registration_secret_file", _path),
 }
 
 # Keys RocketMQ knows that LedgerMQ does not implement: accepted, one warning each.
@@ -286,6 +288,7 @@ class BrokerConfig:
     acl_config_file: str = ""
     register_name_server_period: int = 30_000  # ms between heartbeats to every name server
     grpc_server_port: int = 0  # the RocketMQ 5 gRPC endpoint's port (RocketMQ proxy's key); 0 = none
+    registration_secret_file: str = ""  # signs registrations (wire.regauth; first secret of the file)
     # The HTTP listener's TLS, read deadlines and connection caps, and the TLS of the calls to the
     # name servers: keys of listener.config's table (tls.server.*, tls.client.*, maxConnections …).
     listener: ListenerConfig = field(default_factory=ListenerConfig)
@@ -314,6 +317,11 @@ class BrokerConfig:
             self.tls_client.validate()
         except ListenerConfigError as exc:
             raise ConfigError(self.source, exc.key, exc.reason) from None
+        if self.registration_secret_file:
+            try:
+                load_secrets(self.registration_secret_file)
+            except ValueError as exc:
+                raise ConfigError(self.source, "registrationSecretFile", str(exc)) from None
         if self.cq_unit_misaligned():
             raise ConfigError(self.source, "mappedFileSizeConsumeQueue", "must be a multiple of 20")
         if self.enable_dledger_commit_log:

@@ -14,6 +14,7 @@ import orjson
 
 from broker.service.state import BrokerState
 from broker.topics import is_system_topic
+from wire.regauth import load_secrets, sign
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,9 @@ class BrokerRegistrar:
         scheme = self.tls.scheme
         self.namesrv_urls = [a if a.startswith("http") else f"{scheme}://{a}" for a in namesrv_addrs]
         self.interval_s = interval_s
+        # registrationSecretFile: every register/unregister is signed with its first secret.
+        path = state.config.registration_secret_file
+        self._secret = load_secrets(path)[0] if path else None
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._client: httpx.AsyncClient | None = None
@@ -83,7 +87,7 @@ class BrokerRegistrar:
         assert self._client is not None
         try:
             r = await self._client.post(
-                f"{url}/brokers/register", content=body, headers={"content-type": "application/json"}
+                f"{url}/brokers/register", content=body, headers=self._headers("/brokers/register", body)
             )
             if r.status_code != 200:
                 log.warning(
@@ -95,6 +99,12 @@ class BrokerRegistrar:
             # A name server being down is normal (they are independent); the next beat retries.
             log.warning("event=register_failed namesrv=%s error=%r", url, exc)
 
+    def _headers(self, path: str, body: bytes) -> dict[str, str]:
+        headers = {"content-type": "application/json"}
+        if self._secret is not None:
+            headers.update(sign(self._secret, "POST", path, body))
+        return headers
+
     async def stop(self, unregister: bool = True) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -102,8 +112,11 @@ class BrokerRegistrar:
                 await self._task
         if self._client is not None:
             if unregister:
-                body = {"brokerAddr": self.state.config.broker_addr}
+                body = orjson.dumps({"brokerAddr": self.state.config.broker_addr})
                 for url in self.namesrv_urls:
                     with contextlib.suppress(httpx.HTTPError):
-                        await self._client.post(f"{url}/brokers/unregister", json=body, timeout=1.0)
+                        headers = self._headers("/brokers/unregister", body)
+                        await self._client.post(
+                            f"{url}/brokers/unregister", content=body, headers=headers, timeout=1.0
+                        )
             await self._client.aclose()

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import orjson
-from fastapi import FastAPI, Path, Request
+from fastapi import Depends, FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,6 +24,7 @@ from wire.codes import ErrorCode
 from wire.limits import BodyLimitMiddleware
 from wire.names import BROKER_NAME_PATTERN
 from wire.problem import PROBLEM_CONTENT_TYPE, problem_body
+from wire.regauth import RegistrationVerifier
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,23 @@ class _Metrics:
         self.route_requests = Counter(
             "ledgermq_namesrv_route_requests", "Route lookups", ["found"], registry=r
         )
+        self.refused = Counter(
+            "ledgermq_namesrv_registrations_refused",
+            "Registrations and unregistrations refused (registrationSecretFile)",
+            ["reason"],
+            registry=r,
+        )
+
+
+def _claimed_broker(body: bytes) -> dict[str, str]:
+    """brokerName / brokerAddr as a refused request claims them, for the log line (short, str)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: str(doc[k])[:128] for k in ("brokerName", "brokerAddr") if k in doc}
 
 
 def create_app(
@@ -157,9 +175,41 @@ def _broker_routes(
     now_ms: Callable[[], int],
     metrics: _Metrics,
 ) -> None:
-    """What brokers call: register (heartbeat) and unregister."""
+    """What brokers call: register (heartbeat) and unregister; signed (`wire.regauth`) when the
+    name server has a `registrationSecretFile`."""
+    verifier = (
+        RegistrationVerifier.from_file(config.registration_secret_file)
+        if config.registration_secret_file
+        else None
+    )
 
-    @app.post("/brokers/register", summary="Register a broker or refresh its heartbeat")
+    async def signed(request: Request) -> None:
+        """Runs before the body is validated: an unsigned caller learns nothing about the schema."""
+        if verifier is None:
+            return
+        body = await request.body()
+        reason = verifier.verify(request.method, request.url.path, request.headers, body)
+        if reason is None:
+            return
+        metrics.refused.labels(reason=reason).inc()
+        claimed = _claimed_broker(body)
+        log.warning(
+            "event=registration_refused reason=%s remote=%s path=%s brokerName=%s brokerAddr=%s",
+            reason,
+            request.client.host if request.client else "?",
+            request.url.path,
+            claimed.get("brokerName", "?"),
+            claimed.get("brokerAddr", "?"),
+        )
+        raise StarletteHTTPException(
+            401, f"registration refused ({reason}): not signed with this name server's registration secret"
+        )
+
+    @app.post(
+        "/brokers/register",
+        summary="Register a broker or refresh its heartbeat",
+        dependencies=[Depends(signed)],
+    )
     async def register(body: RegisterBrokerIn) -> dict[str, Any]:
         topics = {
             name: TopicRouteConfig(t.readQueueNums, t.writeQueueNums, t.perm)
@@ -179,7 +229,9 @@ def _broker_routes(
         metrics.registrations.inc()
         return {"ok": True, "brokerExpiredMs": config.broker_expired_ms}
 
-    @app.post("/brokers/unregister", summary="Remove a broker that is shutting down")
+    @app.post(
+        "/brokers/unregister", summary="Remove a broker that is shutting down", dependencies=[Depends(signed)]
+    )
     async def unregister(body: UnregisterBrokerIn) -> dict[str, Any]:
         return {"removed": registry.unregister(body.brokerAddr)}
 

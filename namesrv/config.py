@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from listener.config import SERVER_KEYS, ListenerConfig, ListenerConfigError, apply_key
+from wire.regauth import load_secrets
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,8 @@ class NamesrvConfig:
     # RocketMQ's BROKER_CHANNEL_EXPIRED_TIME: a broker silent this long drops out of routes.
     broker_expired_ms: int = 120_000
     scan_not_active_broker_interval_ms: int = 5_000
+    # Brokers must sign register/unregister with a secret of this file (wire.regauth); "" = open.
+    registration_secret_file: str = ""
     # TLS, read deadlines and connection caps of the HTTP port (listener.config's keys).
     listener: ListenerConfig = field(default_factory=ListenerConfig)
 
@@ -81,6 +84,7 @@ class NamesrvConfig:
         "listenPort": ("listen_port", int),
         "brokerExpiredMs": ("broker_expired_ms", int),
         "scanNotActiveBrokerInterval": ("scan_not_active_broker_interval_ms", int),
+        "registrationSecretFile": ("registration_secret_file", str),
     }
 
     @classmethod
@@ -123,3 +127,8 @@ class NamesrvConfig:
             self.listener.validate()
         except ListenerConfigError as exc:
             raise ValueError(f"{source}: {exc}") from None
+        if self.registration_secret_file:
+            try:
+                load_secrets(self.registration_secret_file)
+            except ValueError as exc:
+                raise ValueError(f"{source}: registrationSecretFile: {exc}") from None

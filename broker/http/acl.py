@@ -14,7 +14,8 @@ from apidocs import DOC_PATHS
 from broker.errors import BrokerError
 from broker.service.acl import AccessControl, Account
 
-OPEN_PATHS = frozenset({"/health", "/metrics", "/status", "/openapi.json"}) | DOC_PATHS
+# /metrics and /status are not open: they need the monitoring right (broker.service.acl).
+OPEN_PATHS = frozenset({"/health", "/openapi.json"}) | DOC_PATHS
 
 
 def account_of(request: Request) -> Account:

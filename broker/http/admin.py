@@ -240,11 +240,13 @@ def _ops_routes(services: BrokerServices) -> APIRouter:
         response_model=StatusOut,
         summary="Role, term, leader, commit index, follower watermarks",
     )
-    async def status() -> dict[str, Any]:
+    async def status(request: Request) -> dict[str, Any]:
+        services.acl.authorize(account_of(request), monitor=True)
         return state.status()
 
     @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        services.acl.authorize(account_of(request), monitor=True)
         return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @router.get("/admin/acl", summary="ACL accounts and their rights, without tokens (an admin sees all)")

@@ -11,8 +11,9 @@ The file is JSON, RocketMQ's plain ACL in spirit (bearer tokens instead of acces
 
 Rights: `PUB` (produce), `SUB` (pull, receive/ack, read offsets), `DENY`. `*` is the default for
 names not listed (DENY when absent). `admin: true` allows everything, including topic admin,
-offset reset and leadership transfer. No or unknown token → 401; a known token without the
-right → 403. `/health`, `/metrics`, `/status` and the OpenAPI docs stay open.
+offset reset and leadership transfer. `monitor: true` is the read-only monitoring right: `/metrics`
+and `/status` (which an admin may read too), nothing else unless granted. No or unknown token →
+401; a known token without the right → 403. `/health` and the OpenAPI docs stay open.
 
 A front-end turns the request's `Authorization` value into an `Account` once
 (`AccessControl.authenticate`); the services authorize that account for what each operation
@@ -62,6 +63,7 @@ class Account:
     name: str
     token: str
     admin: bool = False
+    monitor: bool = False  # may read /metrics and /status
     topic_perms: dict[str, Right] = field(default_factory=dict)
     group_perms: dict[str, Right] = field(default_factory=dict)
 
@@ -114,6 +116,7 @@ class AccessControl:
                     name=str(a.get("name", f"account{i}")),
                     token=a["token"],
                     admin=bool(a.get("admin", False)),
+                    monitor=bool(a.get("monitor", False)),
                     topic_perms={
                         k: _parse_right(v, f"{where}.topicPerms.{k}")
                         for k, v in (a.get("topicPerms") or {}).items()
@@ -153,11 +156,14 @@ class AccessControl:
         group: str | None = None,
         right: Right = Right.NONE,
         admin: bool = False,
+        monitor: bool = False,
     ) -> None:
         """FORBIDDEN unless `account` holds `right` on `topic` (and SUB on `group`), or is an admin;
-        `admin=True` asks for an admin account."""
+        `admin=True` asks for an admin account, `monitor=True` for the monitoring right."""
         if account.admin:
             return
+        if monitor and not account.monitor:
+            raise BrokerError(BrokerCode.FORBIDDEN, f"account {account.name!r} lacks the monitoring right")
         if admin:
             raise BrokerError(BrokerCode.FORBIDDEN, f"account {account.name!r} is not an admin")
         if topic is not None and not account.allows(account.topic_perms, topic, right):

@@ -21,6 +21,7 @@ ACCOUNTS = {
             "groupPerms": {"billing": "SUB"},
         },
         {"name": "reader", "token": "sub-tok", "topicPerms": {"*": "SUB"}, "groupPerms": {"*": "SUB"}},
+        {"name": "prometheus", "token": "mon-tok", "monitor": True},
     ]
 }
 
@@ -94,3 +95,23 @@ def test_sdk_passes_the_token_and_maps_errors(broker):
             p.send("other", b"x")
     with Producer(broker_addr=broker["addr"], token="bad") as p, pytest.raises(UnauthorizedError):
         p.send("orders", b"x")
+
+
+def test_metrics_and_status_need_the_monitoring_right(broker):
+    url = broker["url"]
+    for path in ("/metrics", "/status"):
+        assert httpx.get(f"{url}{path}").status_code == 401
+        assert httpx.get(f"{url}{path}", headers=h("nope")).status_code == 401
+        r = httpx.get(f"{url}{path}", headers=h("pub-tok"))  # a producer's token: no monitoring right
+        assert r.status_code == 403 and r.json()["code"] == "FORBIDDEN", r.text
+        assert "monitoring right" in r.json()["detail"]
+        for token in ("mon-tok", "admin-tok"):
+            assert httpx.get(f"{url}{path}", headers=h(token)).status_code == 200, (path, token)
+    r = httpx.get(f"{url}/metrics", headers=h("mon-tok"))
+    assert "ledgermq_put_messages_total" in r.text
+    assert httpx.get(f"{url}/status", headers=h("mon-tok")).json()["brokerName"] == "broker-s"
+    # The monitoring right is read-only: nothing else comes with it.
+    r = httpx.post(f"{url}/topics/orders/messages", json={"messages": [{"body": "x"}]}, headers=h("mon-tok"))
+    assert r.status_code == 403
+    assert httpx.get(f"{url}/topics/orders/queues/0/messages", headers=h("mon-tok")).status_code == 403
+    assert httpx.get(f"{url}/health").status_code == 200  # liveness stays open
