@@ -81,9 +81,10 @@ def _ago(ms: int | None) -> str:
     return f"{s // 3600} h"
 
 
-def create_app(namesrv_addr: str, *, refresh_ms: int = 1000) -> FastAPI:
-    """The console for the cluster behind `namesrv_addr` (`host:port[;host:port]`)."""
-    backend = Backend(namesrv_addr)
+def create_app(namesrv_addr: str, *, refresh_ms: int = 1000, ca_file: str | None = None) -> FastAPI:
+    """The console for the cluster behind `namesrv_addr` (`host:port[;host:port]`); `ca_file`: the
+    PEM CA of the cluster's certificates when it serves HTTPS."""
+    backend = Backend(namesrv_addr, ca_file)
     env = _env()
 
     @asynccontextmanager
@@ -338,7 +339,9 @@ def create_app(namesrv_addr: str, *, refresh_ms: int = 1000) -> FastAPI:
         else:
             try:
                 # The name server is open; a broker's listing proves the token is known.
-                async with AsyncAdmin(namesrv_addr, token=token, request_timeout_s=5.0) as probe:
+                async with AsyncAdmin(
+                    namesrv_addr, token=token, request_timeout_s=5.0, ca_file=ca_file
+                ) as probe:
                     sets = await probe.broker_sets()
                     await probe.groups_of_set(sets[0])
             except UnauthorizedError:

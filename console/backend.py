@@ -31,8 +31,8 @@ REQUEST_TIMEOUT_S = 5.0
 class CountingTransport(AsyncTransport):
     """The SDK transport, counting every request (in total and for the current page view)."""
 
-    def __init__(self, token: str | None, timeout_s: float) -> None:
-        super().__init__(token=token, timeout_s=timeout_s)
+    def __init__(self, token: str | None, timeout_s: float, ca_file: str | None = None) -> None:
+        super().__init__(token=token, timeout_s=timeout_s, ca_file=ca_file)
         self.total = 0
 
     async def request(self, method: str, url: str, **kw: Any) -> Any:
@@ -59,8 +59,9 @@ class Session:
 class Backend:
     """Admin clients by token (None = no access control) and sessions by cookie value."""
 
-    def __init__(self, namesrv_addr: str) -> None:
+    def __init__(self, namesrv_addr: str, ca_file: str | None = None) -> None:
         self.namesrv_addr = namesrv_addr
+        self.ca_file = ca_file  # the cluster's CA when it serves HTTPS
         self._admins: dict[str | None, AsyncAdmin] = {}
         self._sessions: dict[str, Session] = {}
         # Broker address → DLedger member id, from the members' last answers (a member that
@@ -71,7 +72,7 @@ class Backend:
     def admin(self, token: str | None) -> AsyncAdmin:
         admin = self._admins.get(token)
         if admin is None:
-            transport = CountingTransport(token, REQUEST_TIMEOUT_S)
+            transport = CountingTransport(token, REQUEST_TIMEOUT_S, self.ca_file)
             admin = AsyncAdmin(self.namesrv_addr, transport=transport)
             self._admins[token] = admin
         return admin
