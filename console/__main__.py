@@ -11,10 +11,10 @@ import logging
 import sys
 
 import uvloop
-from listener.config import ListenerConfig, ListenerConfigError, apply_key
-from listener.server import HttpListener
 
 from console.app import create_app
+from listener.config import ListenerConfig, ListenerConfigError, apply_key
+from listener.server import HttpListener
 
 log = logging.getLogger("ledgermq.console")
 

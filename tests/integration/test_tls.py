@@ -67,7 +67,19 @@ def tls_cluster(tmp_path_factory):
         )
         broker = group.start("broker", "broker", "-c", str(b_conf))
         _wait_https(f"https://127.0.0.1:{b_port}/health", str(pki.ca), broker)
-        yield {"group": group, "pki": pki, "ns": f"127.0.0.1:{ns_port}", "broker": f"127.0.0.1:{b_port}"}
+        c_port = free_port()
+        console = group.start(
+            "console", "console", "-n", f"127.0.0.1:{ns_port}", "--port", str(c_port),
+            "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--ca-file", str(pki.ca),
+        )
+        _wait_https(f"https://127.0.0.1:{c_port}/health", str(pki.ca), console)
+        yield {
+            "group": group,
+            "pki": pki,
+            "ns": f"127.0.0.1:{ns_port}",
+            "broker": f"127.0.0.1:{b_port}",
+            "console": f"127.0.0.1:{c_port}",
+        }
     finally:
         group.stop_all()
 
@@ -128,3 +140,15 @@ def test_plaintext_and_unverified_clients_get_no_answer(tls_cluster):
     assert wrong_ca.returncode == 60, wrong_ca
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"https://{b}/health", verify=ssl.create_default_context(cafile=str(pki.rogue_ca)))
+
+
+def test_the_console_serves_https_and_reads_the_https_cluster(tls_cluster):
+    ctx = ssl.create_default_context(cafile=str(tls_cluster["pki"].ca))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        page = httpx.get(f"https://{tls_cluster['console']}/cluster", verify=ctx, timeout=10)
+        if page.status_code == 200 and "broker-s" in page.text:
+            break
+        time.sleep(0.2)
+    assert page.status_code == 200 and "broker-s" in page.text, page.text[:500]
+    assert _curl(f"http://{tls_cluster['console']}/health").stdout == ""  # HTTPS only
