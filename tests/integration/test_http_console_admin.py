@@ -184,7 +184,8 @@ def test_acl_accounts_are_listed_without_tokens(broker: str) -> None:
 
 
 def test_status_reports_the_disk_use(broker: str) -> None:
-    ratio = httpx.get(f"{broker}/status").json()["diskUsedRatio"]
+    # Under ACL, /status and /metrics need the monitoring right (an admin has it).
+    ratio = httpx.get(f"{broker}/status", headers=ADMIN).json()["diskUsedRatio"]
     assert 0 < ratio < 1
-    metrics = httpx.get(f"{broker}/metrics").text
+    metrics = httpx.get(f"{broker}/metrics", headers=ADMIN).text
     assert "ledgermq_disk_used_ratio{" in metrics
