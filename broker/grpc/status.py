@@ -46,6 +46,7 @@ CODE_TABLE: dict[BrokerCode, int] = {
     BrokerCode.UNSUPPORTED_MEDIA_TYPE: Code.BAD_REQUEST,
     BrokerCode.METHOD_NOT_ALLOWED: Code.BAD_REQUEST,
     BrokerCode.NOT_FOUND: Code.NOT_FOUND,
+    BrokerCode.REQUEST_TIMEOUT: Code.REQUEST_TIMEOUT,  # written by the HTTP listener (listener/guard.py)
     # The message model (#15): rocketmq-apis has a code for each.
     BrokerCode.MESSAGE_TYPE_MISMATCH: Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
     BrokerCode.ILLEGAL_FILTER_EXPRESSION: Code.ILLEGAL_FILTER_EXPRESSION,
