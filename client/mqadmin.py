@@ -252,7 +252,8 @@ def cmd_update_sub_group(a: Admin, args: argparse.Namespace) -> Result:
         changes["consumeMessageOrderly"] = args.consumeMessageOrderly == "true"
     if args.groupRetryPolicy is not None:
         changes["retryPolicy"] = args.groupRetryPolicy
-    return _sub_group_rows(a.update_sub_group(args.groupName, changes, args.clusterName, args.brokerName), args)
+    groups = a.update_sub_group(args.groupName, changes, args.clusterName, args.brokerName)
+    return _sub_group_rows(groups, args)
 
 
 def cmd_delete_topic(a: Admin, args: argparse.Namespace) -> Result:
