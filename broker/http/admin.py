@@ -220,6 +220,7 @@ def _offset_routes(services: BrokerServices) -> APIRouter:
         "/clients",
         summary="Clients seen lately (HTTP consumers, RocketMQ 5 gRPC producers and consumers): id, "
         "type, group, topic, language, version, address",
+        responses=PROBLEM_RESPONSES,
     )
     async def clients(group: Annotated[str | None, Query(max_length=255)] = None) -> dict[str, Any]:
         return {"clients": [{"group": c.group, **client_json(c)} for c in services.clients.clients(group)]}
