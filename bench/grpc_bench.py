@@ -8,7 +8,9 @@ Phases, each against both targets, with the same client settings:
      pool of `--window` threads) before their next receive, until `--messages` are acked.
 
 Prints a table and writes bench/results/grpc_bench.json (msgs/s per target and the ratio
-LedgerMQ / ceiling; the target is >= 0.8 for both phases).
+LedgerMQ / ceiling; the target is >= 0.8 for both phases), with the CPU time each message cost
+this process (the client; for the ceiling also its servicer) and the set's processes — figures a
+loaded machine disturbs less than the rates.
 
     .venv/bin/python bench/grpc_bench.py [--messages 5000] [--window 64]
 """
@@ -241,6 +243,17 @@ class Cluster:
             time.sleep(0.2)
         raise RuntimeError("no master elected")
 
+    def cpu_s(self) -> float:
+        """CPU seconds the set's processes (name server and members) have used so far."""
+        total = 0
+        for p in self.procs.values():
+            try:
+                fields = Path(f"/proc/{p.pid}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+        return total / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         for p in self.procs.values():
             if p.poll() is None:
@@ -334,17 +347,31 @@ def main(argv: list[str] | None = None) -> int:
         cluster.start()
         targets = {"ceiling": ceiling.addr, "ledgermq": ";".join(cluster.grpc.values())}
         for phase, run in (("send", send_phase), ("receiveAck", receive_ack_phase)):
+            r = results.setdefault(phase, {})
             for name, endpoints in targets.items():
-                results.setdefault(phase, {})[name] = round(run(endpoints, args.messages, args.window), 1)
-            results[phase]["ratio"] = round(results[phase]["ledgermq"] / results[phase]["ceiling"], 3)
+                client0, set0 = time.process_time(), cluster.cpu_s()
+                r[name] = round(run(endpoints, args.messages, args.window), 1)
+                r[f"{name}ClientCpuUsPerMsg"] = round((time.process_time() - client0) / args.messages * 1e6)
+                if name == "ledgermq":
+                    r["setCpuUsPerMsg"] = round((cluster.cpu_s() - set0) / args.messages * 1e6)
+            r["ratio"] = round(r["ledgermq"] / r["ceiling"], 3)
+        results["loadAverage"] = [round(x, 2) for x in os.getloadavg()]
     finally:
         cluster.stop()
         ceiling.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"{'phase':<12} {'ceiling msgs/s':>15} {'LedgerMQ msgs/s':>16} {'ratio':>7}  (target >= 0.8)")
+    print(
+        f"{'phase':<12} {'ceiling msgs/s':>15} {'LedgerMQ msgs/s':>16} {'ratio':>7}  (target >= 0.8)"
+        f"   CPU us/msg: {'ceiling':>8} {'client':>7} {'set':>6}"
+    )
     for phase in ("send", "receiveAck"):
         r = results[phase]
-        print(f"{phase:<12} {r['ceiling']:>15,.0f} {r['ledgermq']:>16,.0f} {r['ratio']:>7.2f}")
+        print(
+            f"{phase:<12} {r['ceiling']:>15,.0f} {r['ledgermq']:>16,.0f} {r['ratio']:>7.2f}"
+            f"{'':>27}{r['ceilingClientCpuUsPerMsg']:>8} {r['ledgermqClientCpuUsPerMsg']:>7}"
+            f" {r['setCpuUsPerMsg']:>6}"
+        )
+    print(f"load average {results['loadAverage']}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "grpc_bench.json").write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -7,6 +7,7 @@ travels. What a message may contain (sizes, tags, keys, property names) is check
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import zlib
@@ -61,6 +62,13 @@ def _gunzip(data: bytes, limit: int, where: str) -> bytes:
 
 
 def _ipv4(host: str) -> str | None:
+    # At most 15 characters ("255.255.255.255"): what is longer is no IPv4 literal, and the cache
+    # below (a client names its own host on every message) holds only short strings.
+    return _parsed_ipv4(host) if len(host) <= 15 else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_ipv4(host: str) -> str | None:
     try:
         return str(ipaddress.IPv4Address(host))
     except ValueError:

@@ -13,8 +13,10 @@ until then. A producer retries a failed send at once on the NEXT queue of its ca
 (Python: round robin, `max_attempts` from our Settings). So every `PRODUCER_MAX_ATTEMPTS`-th
 queue entry names one of the set's other live members instead (`spread`): a send that fails on
 the dead master is retried there within its own attempts, and that member forwards it to the new
-master (`forward.py`) — sends work again about an election after the kill. The price in the
-common case: a quarter of the calls take one extra local hop through a slave.
+master (`forward.py`) — sends work again about an election after the kill. Such a queue is
+named twice, written at the slave and read at the master, so the price in the common case is
+one extra local hop for a quarter of the sends, none for receives and acks (a consumer whose
+master died fails its receives until its route is refreshed, and goes on without a restart).
 """
 
 from __future__ import annotations
@@ -122,15 +124,27 @@ def message_queues(
             for addr in (r.grpc_addr, *r.member_addrs)
         }
         for qid, addr in enumerate(spread(n, r.grpc_addr, r.member_addrs)):
-            out.append(
-                pb.MessageQueue(
-                    topic=topic,
-                    id=qid,
-                    permission=_permission(r.perm, qid < r.read_queue_nums, qid < r.write_queue_nums),
-                    broker=brokers[addr],
-                    accept_message_types=accept,
+            readable, writable = qid < r.read_queue_nums, qid < r.write_queue_nums
+            # Only sends need a way around a dead master (a consumer's next receive may fail
+            # and go on): a queue named at a slave is written there and read at the master,
+            # so receives and acks never pay the slave's hop (two entries, as RocketMQ's proxy
+            # splits a queue's read and write permissions).
+            if addr == r.grpc_addr or not readable:
+                placed = [(addr, readable, writable)]
+            elif writable:
+                placed = [(addr, False, True), (r.grpc_addr, True, False)]
+            else:
+                placed = [(r.grpc_addr, True, False)]
+            for where, can_read, can_write in placed:
+                out.append(
+                    pb.MessageQueue(
+                        topic=topic,
+                        id=qid,
+                        permission=_permission(r.perm, can_read, can_write),
+                        broker=brokers[where],
+                        accept_message_types=accept,
+                    )
                 )
-            )
     return out
 
 

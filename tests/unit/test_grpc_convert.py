@@ -169,14 +169,17 @@ def test_route_spreads_each_sets_queues_over_its_members() -> None:
         BrokerRoute("broker-b", "10.0.1.1:8081", 2, 2, 6),
     ]
     queues = message_queues(pb.Resource(name="t"), routes)
-    got = [(q.broker.name, q.id, q.broker.endpoints.addresses[0].host) for q in queues]
+    got = [(q.broker.name, q.id, q.broker.endpoints.addresses[0].host, q.permission) for q in queues]
+    # A queue named at a slave is written there and read at the master: receives and acks go
+    # straight to the master, only sends get a way around a dead one.
     assert got == [
-        ("broker-a", 0, "10.0.0.1"),
-        ("broker-a", 1, "10.0.0.1"),
-        ("broker-a", 2, "10.0.0.1"),
-        ("broker-a", 3, "10.0.0.2"),
-        ("broker-b", 0, "10.0.1.1"),
-        ("broker-b", 1, "10.0.1.1"),
+        ("broker-a", 0, "10.0.0.1", pb.READ_WRITE),
+        ("broker-a", 1, "10.0.0.1", pb.READ_WRITE),
+        ("broker-a", 2, "10.0.0.1", pb.READ_WRITE),
+        ("broker-a", 3, "10.0.0.2", pb.WRITE),
+        ("broker-a", 3, "10.0.0.1", pb.READ),
+        ("broker-b", 0, "10.0.1.1", pb.READ_WRITE),
+        ("broker-b", 1, "10.0.1.1", pb.READ_WRITE),
     ]
     # Every entry stays a master queue of its set (broker id 0, one address): the clients send to it.
     assert all(q.broker.id == 0 and len(q.broker.endpoints.addresses) == 1 for q in queues)
@@ -187,3 +190,20 @@ def test_route_spreads_each_sets_queues_over_its_members() -> None:
         "10.0.0.1",
         "10.0.1.1",
     ]
+
+
+@pytest.mark.parametrize("reads,writes", [(8, 8), (8, 4), (4, 8), (1, 1), (16, 16)])
+def test_every_queue_is_read_at_the_master_and_written_where_spread_says(reads: int, writes: int) -> None:
+    others = ("10.0.0.2:8081", "10.0.0.3:8081")
+    route = BrokerRoute("broker-a", "10.0.0.1:8081", reads, writes, 6, others)
+    queues = message_queues(pb.Resource(name="t"), [route])
+
+    def where(q: pb.MessageQueue) -> str:
+        a = q.broker.endpoints.addresses[0]
+        return f"{a.host}:{a.port}"
+
+    readable = [(q.id, where(q)) for q in queues if q.permission in (pb.READ, pb.READ_WRITE)]
+    writable = [(q.id, where(q)) for q in queues if q.permission in (pb.WRITE, pb.READ_WRITE)]
+    assert readable == [(i, "10.0.0.1:8081") for i in range(reads)]
+    layout = spread(max(reads, writes), "10.0.0.1:8081", others)
+    assert writable == [(i, layout[i]) for i in range(writes)]
