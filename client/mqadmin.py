@@ -146,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-q", "--queueId", type=int)
     c.add_argument("-o", "--offset", type=int, default=0)
     c.add_argument("-c", "--count", type=int, default=32)
+    c = cmd(
+        "clientList",
+        "Connected clients (HTTP and RocketMQ 5 gRPC): id, type, group, protocol, language, version, address",
+    )
+    c.add_argument("-g", "--group", help="one group's only (a gRPC producer's group is its topic)")
     c = cmd("leadershipTransfer", "Hand a DLedger broker set's leadership to another member")
     c.add_argument("-B", "--brokerName", required=True)
     c.add_argument("-i", "--transfereeId", required=True, help="DLedger member id, e.g. n1")
@@ -319,6 +324,39 @@ def cmd_reset_offset_by_time(a: Admin, args: argparse.Namespace) -> Result:
     return a.reset_offset_by_time(args.group, args.topic, args.timestamp), None
 
 
+CLIENT_LIST_COLUMNS = [
+    "clientId",
+    "clientType",
+    "group",
+    "topic",
+    "protocol",
+    "language",
+    "version",
+    "addr",
+    "brokers",
+]
+
+
+def cmd_client_list(a: Admin, args: argparse.Namespace) -> Result:
+    """One row per client, group and topic: a client is seen by every member it calls (a gRPC
+    client heartbeats to every endpoint of its route), `brokers` names the sets that saw it and
+    `lastSeen` is the latest."""
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in a.client_list(args.group):
+        key = (r.get("clientId"), r.get("group"), r.get("topic"), r.get("protocol"))
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = {c: r.get(c) for c in CLIENT_LIST_COLUMNS if c != "brokers"}
+            row["lastSeen"], row["brokers"] = r.get("lastSeen"), []
+        if r.get("brokerName") not in row["brokers"]:
+            row["brokers"].append(r.get("brokerName"))
+        row["lastSeen"] = max(row["lastSeen"] or 0, r.get("lastSeen") or 0)
+    out = sorted(rows.values(), key=lambda r: (r["group"] or "", r["clientId"] or "", r["topic"] or ""))
+    if not args.json:
+        out = [{**r, "brokers": ",".join(r["brokers"])} for r in out]
+    return out, CLIENT_LIST_COLUMNS
+
+
 def cmd_leadership_transfer(a: Admin, args: argparse.Namespace) -> Result:
     return a.leadership_transfer(args.brokerName, args.transfereeId), None
 
@@ -338,6 +376,7 @@ ADMIN_COMMANDS = {
     "queryMsgById": cmd_query_msg_by_id,
     "resetOffsetByTime": cmd_reset_offset_by_time,
     "leadershipTransfer": cmd_leadership_transfer,
+    "clientList": cmd_client_list,
 }
 
 

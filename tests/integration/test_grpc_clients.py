@@ -4,10 +4,15 @@ server + 3-member DLedger set (one set for the whole module): Python 5.1.2 (this
 
 from __future__ import annotations
 
+import io
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import grpc
 import httpx
+import orjson
 import pytest
 from rocketmq import (
     ClientConfiguration,
@@ -24,6 +29,8 @@ from rocketmq import (
 from broker.grpc.convert import duration
 from broker.grpc.protocol import Code, pb, spb, spb_grpc
 from client.admin import Admin
+from client.consumer import SimpleConsumer as HttpSimpleConsumer
+from client.mqadmin import main as mqadmin
 from tests.integration._grpc_harness import (
     NODE_DIR,
     SCRIPTS,
@@ -327,8 +334,9 @@ def test_a_slave_forwards_master_calls(cluster: GrpcSet) -> None:
 
 def test_connected_grpc_clients_in_admin_api_and_mqadmin(cluster: GrpcSet) -> None:
     """A running simple consumer and producer show up — id, type, group, language, version — in
-    the master's `GET /clients` and in the SDK's `Admin.client_list` (RocketMQ's console shows gRPC clients
-    as offline); a shut-down client leaves the list at once."""
+    the master's `GET /clients`, in the SDK's `Admin.client_list` and in `mqadmin clientList`
+    beside an HTTP consumer of the same group (RocketMQ's console shows gRPC clients as offline);
+    a shut-down client leaves the list at once."""
     topic = "grpc-admin"
     cluster.create_topic(topic)
     consumer = SimpleConsumer(config(cluster), "g-admin", {topic: FilterExpression()}, await_duration=1)
@@ -336,12 +344,16 @@ def test_connected_grpc_clients_in_admin_api_and_mqadmin(cluster: GrpcSet) -> No
     producer = Producer(config(cluster), (topic,))
     producer.startup()
     master = cluster.http[cluster.master()]
+    http_id = "http-consumer@admin-test"
+    http_consumer = HttpSimpleConsumer("g-admin", topic, cluster.namesrv, client_id=http_id)
     try:
+        assert http_consumer.receive(1) == []  # registers it, as any receive does
         deadline = time.monotonic() + 10
         mine: dict = {}
         while len(mine) < 2 and time.monotonic() < deadline:
             listed = httpx.get(f"http://{master}/clients", timeout=5).json()["clients"]
-            mine = {c["clientType"]: c for c in listed if c["group"] in ("g-admin", topic)}
+            grpc_ones = [c for c in listed if c["protocol"] == "gRPC"]
+            mine = {c["clientType"]: c for c in grpc_ones if c["group"] in ("g-admin", topic)}
             time.sleep(0.1)
         assert set(mine) == {"SIMPLE_CONSUMER", "PRODUCER"}, listed
         c = mine["SIMPLE_CONSUMER"]
@@ -355,7 +367,34 @@ def test_connected_grpc_clients_in_admin_api_and_mqadmin(cluster: GrpcSet) -> No
         assert mine["PRODUCER"]["group"] == topic
         with Admin(cluster.namesrv) as admin:  # the SDK, every member of every set
             assert c["clientId"] in {r["clientId"] for r in admin.client_list("g-admin")}
+        out = io.StringIO()
+        assert mqadmin(["clientList", "-n", cluster.namesrv, "-g", "g-admin", "--json"], out=out) == 0
+        rows = {r["clientId"]: r for r in orjson.loads(out.getvalue())}
+        fields = ("clientType", "group", "protocol", "language", "version")
+        assert {k: rows[c["clientId"]][k] for k in fields} == {
+            "clientType": "SIMPLE_CONSUMER",
+            "group": "g-admin",
+            "protocol": "gRPC",
+            "language": "PYTHON",
+            "version": "5.1.2",
+        }
+        assert rows[c["clientId"]]["addr"].startswith("127.0.0.1")
+        assert rows[c["clientId"]]["brokers"] == ["broker-a"]  # one row, however many members saw it
+        assert rows[http_id]["protocol"] == "HTTP"
+        # The console command itself, every group: a plain table through a pipe.
+        table = subprocess.run(
+            [str(Path(sys.executable).with_name("mqadmin")), "clientList", "-n", cluster.namesrv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.splitlines()
+        header = "clientId clientType group topic protocol language version addr brokers"
+        assert table[0].split() == header.split()
+        listed_ids = {line.split()[0] for line in table[1:]}
+        assert {c["clientId"], mine["PRODUCER"]["clientId"], http_id} <= listed_ids
     finally:
+        http_consumer.close()
         consumer.shutdown()
         producer.shutdown()
     listed = httpx.get(f"http://{master}/clients", params={"group": "g-admin"}, timeout=5).json()["clients"]
