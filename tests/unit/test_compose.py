@@ -74,3 +74,18 @@ def test_docker_compose_config_accepts_the_file():
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
+
+
+def test_grpc_endpoints_published_at_the_port_routes_name():
+    """A route names each broker's gRPC endpoint as brokerIP1:grpcServerPort: published on that same
+    port, distinct per broker, a client outside the compose network reaches every one."""
+    doc = services()
+    ports = set()
+    for i in range(3):
+        svc = doc["services"][f"broker-n{i}"]
+        conf, overrides = broker_args(svc)
+        cfg = load_broker_config(str(REPO / conf), overrides)
+        assert cfg.grpc_addr == f"broker-n{i}:{cfg.grpc_server_port}"
+        assert f"{cfg.grpc_server_port}:{cfg.grpc_server_port}" in svc["ports"]
+        ports.add(cfg.grpc_server_port)
+    assert len(ports) == 3
