@@ -77,21 +77,24 @@ def receive_all(consumer: SimpleConsumer, n: int, invisible_s: int = 30, timeout
 
 
 def test_producer_500_then_simple_consumer_acks_all(cluster: GrpcSet) -> None:
-    """500 sends with tags, keys and user properties; a simple consumer receives them all with
-    the same ids, tags, keys, properties and bodies, acks them, and then finds nothing."""
+    """500 sends with tags, keys and user properties (and 50 of another tag among them); a simple
+    consumer filtering on the tag receives all 500 with the same ids, tags, keys, properties and
+    bodies and none of the others, acks them, and then finds nothing."""
     topic = "grpc-500"
     cluster.create_topic(topic)
     producer = Producer(config(cluster), (topic,))
     producer.startup()
-    sent = {}
+    sent, other = {}, set()
     try:
         for i in range(500):
             receipt = producer.send(message(topic, f"m-{i}".encode(), "TagA", f"k{i}", seq=str(i)))
             sent[receipt.message_id] = i
+            if i % 10 == 0:
+                other.add(producer.send(message(topic, f"b-{i}".encode(), "TagB", f"b{i}")).message_id)
     finally:
         producer.shutdown()
-    assert len(sent) == 500
-    consumer = SimpleConsumer(config(cluster), "g-500", {topic: FilterExpression("*")}, await_duration=5)
+    assert len(sent) == 500 and len(other) == 50
+    consumer = SimpleConsumer(config(cluster), "g-500", {topic: FilterExpression("TagA")}, await_duration=5)
     consumer.startup()
     try:
         got = receive_all(consumer, 500)
