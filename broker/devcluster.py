@@ -4,9 +4,11 @@ loopback.
 Starts `mqnamesrv -c conf/namesrv.conf`, for each of `--sets N` (default 1) broker sets
 `mqbroker -c conf/dledger/broker-n{0,1,2}.conf`, and `mqdashboard -n <name server> --port 8080` as
 separate processes with a fresh temporary store directory (or `--store-dir`), waits until every set
-has elected a master, prints curl lines to produce and consume and the console's address, and
-stops everything on Ctrl-C / SIGTERM. A process that exits is reported, never a reason to abort
-the others.
+has elected a master and the name server lists it, prints curl lines to produce and consume and
+the console's address, and stops everything on Ctrl-C / SIGTERM / SIGHUP. A process that exits is
+reported with the last line of its log (kept at exit). When the name server or every member of a
+set exits during the start (a port another program holds, a bad conf), there is no banner: the
+rest is stopped, the logs are kept and the exit status is 1.
 
 Set k (0-based) is `broker-a`, `broker-b`, …: the same three files with brokerName and dLegerGroup
 renamed and every port (listenPort, the dLegerPeers ports, grpcServerPort) moved up by
@@ -117,13 +119,33 @@ class DevCluster:
             self._spawn(f"{name}-{sid}", ["broker", "-c", str(conf), *args])
 
     def check_exits(self) -> None:
+        """Report each process that has exited since the last call, with its log's last line."""
         for name, proc in self.procs.items():
             if proc.poll() is not None and name not in self.reported:
                 self.reported.add(name)
-                print(
-                    f"  ! {name} exited with status {proc.returncode}; see {self.log_dir / (name + '.log')}",
-                    flush=True,
-                )
+                path = self.log_dir / f"{name}.log"
+                said = last_log_line(path) or "(nothing logged)"
+                print(f"  ! {name} exited with status {proc.returncode}: {said}", flush=True)
+                print(f"    log: {path}", flush=True)
+
+    def start_failure(self) -> str | None:
+        """Why the cluster cannot serve, once the name server or every member of a set has exited."""
+        ns = self.procs.get("namesrv")
+        if ns is not None and ns.poll() is not None:
+            return "the name server exited"
+        for name, addrs in self.broker_addrs.items():
+            members = [self.procs.get(f"{name}-{sid}") for sid in addrs]
+            if members and all(p is not None and p.poll() is not None for p in members):
+                return f"every member of {name} exited"
+        return None
+
+    def registered(self) -> bool:
+        """Whether this run's name server answers and lists every set with its master."""
+        try:
+            brokers = httpx.get(f"http://{self.namesrv_addr}/cluster", timeout=0.5).json().get("brokers", {})
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+        return all(brokers.get(name, {}).get("masterAddr") for name in self.broker_addrs)
 
     def master(self, name: str) -> tuple[str, str] | None:
         """(selfId, address) of set `name`'s master, if one answers."""
@@ -140,15 +162,20 @@ class DevCluster:
         """Every set's master (None while it has none)."""
         return {name: self.master(name) for name in self.broker_addrs}
 
-    def wait_masters(self, timeout_s: float) -> dict[str, tuple[str, str] | None]:
-        """Until every set has a master or `timeout_s` passed; the masters found."""
+    def wait_ready(self, timeout_s: float, stop: list[int]) -> dict[str, tuple[str, str] | None]:
+        """Until every set has a master the name server lists, the start fails (`start_failure`), a
+        stop is requested or `timeout_s` passed; the masters found."""
         deadline = time.monotonic() + timeout_s
-        found = self.masters()
-        while time.monotonic() < deadline and not all(found.values()):
+        while True:
             self.check_exits()
-            time.sleep(0.2)
+            if self.start_failure() or stop:
+                return {}
             found = self.masters()
-        return found
+            if (all(found.values()) and self.registered()) or time.monotonic() >= deadline:
+                # A process that failed while the last probes ran is reported before the banner.
+                self.check_exits()
+                return {} if self.start_failure() else found
+            time.sleep(0.2)
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -162,6 +189,32 @@ class DevCluster:
                 print(f"  ! {name} did not stop in time; killing pid {proc.pid}", flush=True)
                 proc.kill()
                 proc.wait(5)
+
+
+def remove_store(store_dir: Path, keep: Path | None) -> None:
+    """Remove a temporary store root, all of it or all but `keep` (the logs)."""
+    if keep is None:
+        shutil.rmtree(store_dir, ignore_errors=True)
+        return
+    for entry in store_dir.iterdir():
+        if entry != keep:
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+def last_log_line(path: Path) -> str:
+    """The last non-blank line of a process's log: what it said before exiting ("" if nothing)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def banner(masters: dict[str, tuple[str, str] | None], cluster: DevCluster) -> str:
@@ -244,14 +297,17 @@ def main(argv: list[str] | None = None) -> int:
     names = ", ".join(set_name(k) for k in range(args.sets))
     print(f"Starting name server, {names} (n0, n1, n2 each), console; logs in {cluster.log_dir}", flush=True)
     cluster.start()
-    failed = True  # until the loop below says otherwise; keeps the logs of a failed start
+    failed = False  # a failed start, or every process gone: logs kept, exit 1
     try:
-        masters = cluster.wait_masters(args.wait_master_s) if not stop_requested else {}
-        if not stop_requested:
+        masters = cluster.wait_ready(args.wait_master_s, stop_requested)
+        why = cluster.start_failure()
+        if why:
+            print(f"  ! the cluster did not start: {why}; stopping the rest", flush=True)
+            failed = True
+        elif not stop_requested:
             print(banner(masters, cluster), flush=True)
         last = masters
-        failed = False
-        while not stop_requested:
+        while not failed and not stop_requested:
             time.sleep(0.5)
             cluster.check_exits()
             if len(cluster.reported) == len(cluster.procs):
@@ -265,11 +321,12 @@ def main(argv: list[str] | None = None) -> int:
             last = {name: master or last.get(name) for name, master in now.items()}
     finally:
         print("Stopping...", flush=True)
+        # Exits seen before the stop: their "!" lines name logs that must outlive the run.
+        keep_logs = failed or bool(cluster.reported)
         cluster.stop()
-        failed = failed and not stop_requested
-        if temp and not failed:
-            shutil.rmtree(store_dir, ignore_errors=True)
-        elif failed:
+        if temp:
+            remove_store(store_dir, keep=cluster.log_dir if keep_logs else None)
+        if keep_logs:
             print(f"Logs kept in {cluster.log_dir}", flush=True)
         print("Stopped.", flush=True)
     return 1 if failed else 0

@@ -5,6 +5,7 @@ The failover across sets (kill a whole set mid-load) is tests/integration/test_m
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -72,14 +73,18 @@ def test_set_overrides_rename_the_set_and_move_every_port(tmp_path):
 
 
 def test_ledgermq_run_sets_2_starts_two_sets_that_one_topic_spans(tmp_path):
+    """Also: the console's port is held by another program, so the console exits: that is reported
+    with its last log line and the rest serves; the log it names outlives the temporary store."""
     conf_dir, ns, http = _conf_dir(tmp_path / "conf")
+    console_port = free_port()
+    console_held = _held(console_port)
     out_path = tmp_path / "run.out"
     with open(out_path, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "broker.devcluster", "--sets", "2", "--conf-dir", str(conf_dir),
-             "--store-dir", str(tmp_path / "store"), "--wait-master-s", "60",
-             "--console-port", str(free_port())],
+             "--wait-master-s", "60", "--console-port", str(console_port)],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "TMPDIR": str(tmp_path)},  # its temporary store goes here
         )
     try:
         deadline = time.monotonic() + 90
@@ -117,6 +122,9 @@ def test_ledgermq_run_sets_2_starts_two_sets_that_one_topic_spans(tmp_path):
         with Producer(ns) as producer:
             sets = {producer.send("spans", f"m{i}").broker_name for i in range(20)}
         assert sets == {"broker-a", "broker-b"}
+        deadline = time.monotonic() + 30
+        while "! console exited" not in out_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -125,7 +133,65 @@ def test_ledgermq_run_sets_2_starts_two_sets_that_one_topic_spans(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
-    assert rc == 0, out_path.read_text()
-    assert "Stopped." in out_path.read_text()
+        console_held.close()
+    text = out_path.read_text()
+    assert rc == 0, text
+    assert "Stopped." in text
+    said = next(ln for ln in text.splitlines() if ln.startswith("  ! console exited with status"))
+    assert "Address already in use" in said, text
+    kept = Path(text.split("Logs kept in ", 1)[1].split()[0])
+    assert "Address already in use" in (kept / "console.log").read_text()
+    assert [p.name for p in kept.parent.iterdir()] == ["logs"]  # the store itself is gone
     for port in [*http, *(p + SET_PORT_STEP for p in http)]:
+        assert _bindable(port), f"port {port} still served after ledgermq-run stopped"
+
+
+def _held(port: int) -> socket.socket:
+    """A listening socket on 127.0.0.1:port, as another program holding the port would have."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    return s
+
+
+@pytest.mark.parametrize("taken", ["namesrv", "every member"])
+def test_a_failed_start_prints_why_no_banner_keeps_the_logs_and_exits_1(tmp_path, taken):
+    """QA: with the name server's port taken, `make run` printed the healthy banner (pointing at the
+    other program) and deleted the log it named at Ctrl-C."""
+    conf_dir, ns, http = _conf_dir(tmp_path / "conf")
+    held = [_held(int(ns.rpartition(":")[2]))] if taken == "namesrv" else [_held(p) for p in http]
+    out_path = tmp_path / "run.out"
+    try:
+        with open(out_path, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "broker.devcluster", "--conf-dir", str(conf_dir),
+                 "--wait-master-s", "60", "--console-port", str(free_port())],
+                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "TMPDIR": str(tmp_path)},  # its temporary store goes here
+            )
+        try:
+            rc = proc.wait(90)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)  # it stops its children (own sessions) itself
+            proc.wait(30)
+            raise
+    finally:
+        for s in held:
+            s.close()
+    text = out_path.read_text()
+    assert rc == 1, text
+    assert "LedgerMQ dev cluster" not in text and "Produce:" not in text, text
+    dead = ["namesrv"] if taken == "namesrv" else [f"broker-a-n{i}" for i in range(3)]
+    for name in dead:
+        line = next((ln for ln in text.splitlines() if ln.startswith(f"  ! {name} exited with status")), "")
+        assert "Address already in use" in line, text  # the process's own last word
+    why = "the name server exited" if taken == "namesrv" else "every member of broker-a exited"
+    assert f"the cluster did not start: {why}" in text, text
+    kept = Path(text.split("Logs kept in ", 1)[1].split()[0])
+    assert kept.is_relative_to(tmp_path)
+    for name in dead:
+        assert "Address already in use" in (kept / f"{name}.log").read_text()
+    assert [p.name for p in kept.parent.iterdir()] == ["logs"]  # the store itself is gone
+    assert "Stopped." in text
+    for port in [int(ns.rpartition(":")[2]), *http]:
         assert _bindable(port), f"port {port} still served after ledgermq-run stopped"

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from broker.config import load_broker_config
+from namesrv.config import NamesrvConfig, read_properties
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,6 +64,18 @@ def test_console_reads_the_name_server_and_listens_on_every_interface():
     assert argv[argv.index("--host") + 1] == "0.0.0.0"  # published through the port mapping
     port = argv[argv.index("--port") + 1]
     assert f"{port}:{port}" in svc["ports"]
+
+
+def test_name_server_listens_on_every_interface_although_conf_says_loopback():
+    svc = services()["services"]["namesrv"]
+    argv = shlex.split(svc["command"][-1].split("exec ", 1)[1])
+    assert argv[:3] == ["mqnamesrv", "-c", "conf/namesrv.conf"]
+    assert read_properties(REPO / argv[2])["listenHost"] == "127.0.0.1"  # make run: loopback only
+    overrides = [argv[i + 1] for i, a in enumerate(argv) if a == "-D"]
+    props = {**read_properties(REPO / argv[2]), **dict(o.split("=", 1) for o in overrides)}
+    cfg = NamesrvConfig.from_properties(props, "docker-compose.yml")
+    assert cfg.listen_host == "0.0.0.0"  # published through the port mapping
+    assert "9876:9876" in svc["ports"]
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose is not installed")
