@@ -1,8 +1,10 @@
 """Two 3-member broker sets (broker-a, broker-b) behind one name server, one topic spread over both
 (issue 13): producers, group consumption and mqadmin span both sets; when the whole of one set is
 SIGKILLed mid-load the producers keep succeeding on the other within 2 s, avoid the dead set for
-a while and come back to it once it is restarted, and nothing acknowledged is lost or stored
-twice."""
+a while and come back to it once it is restarted, nothing acknowledged is lost or stored twice, and
+a consumer group receives from the surviving set meanwhile and every stored message in the end.
+
+Spark's source and sink over both sets: tests/spark/test_two_sets.py."""
 
 from __future__ import annotations
 
@@ -220,7 +222,9 @@ def test_killing_a_whole_set_moves_producers_to_the_other_within_2_s(env):
         # Sends started after the kill (once the dead connections are seen) and 2 s before now.
         after_kill = [s for s in load.sent if killed + 0.2 <= s.started <= killed + 2.5]
         with SimpleConsumer("g-failover", topic, env.ns) as c:
-            assert c.receive(max_messages=8, wait_ms=1000), "group consumption stopped with broker-b"
+            first = c.receive(max_messages=8, wait_ms=1000)
+            assert first, "group consumption stopped with broker-b"
+            assert all(r["status"] == "OK" for r in c.ack(*first)["results"])
         out = io.StringIO()
         assert mqadmin(["topicStatus", "-n", env.ns, "-t", topic, "--json"], out=out) == 0
         status = json.loads(out.getvalue())
@@ -258,6 +262,24 @@ def test_killing_a_whole_set_moves_producers_to_the_other_within_2_s(env):
         if where.get((s.result.broker_name, s.result.queue_id, s.result.queue_offset)) != s.body
     ]
     assert not lost, f"{len(lost)} acknowledged messages lost: {lost[:10]}"
+    # The group spans both sets across the kill and the restart: it gets every stored message.
+    got = {m.text for m in first}
+    with SimpleConsumer("g-failover", topic, env.ns) as c:
+        deadline = time.monotonic() + 60
+        while not set(bodies) <= got and time.monotonic() < deadline:
+            msgs = c.receive(max_messages=64, wait_ms=200)
+            if msgs:
+                assert all(r["status"] == "OK" for r in c.ack(*msgs)["results"])
+            got.update(m.text for m in msgs)
+    missing = set(bodies) - got
+    assert not missing, f"{len(missing)} stored messages never reached the group: {sorted(missing)[:10]}"
+    out = io.StringIO()
+    args = ["consumerProgress", "-n", env.ns, "-g", "g-failover", "-t", topic, "--json"]
+    assert mqadmin(args, out=out) == 0
+    progress = json.loads(out.getvalue())
+    assert {r["brokerName"] for r in progress} == set(SETS)
+    assert sum(r["lag"] for r in progress) == 0, progress
+
     on_a = {m["body"] for m in stored["broker-a"]}
     for s in load.sent:
         if isinstance(s.error, SendOutcomeUnknownError):
