@@ -33,6 +33,7 @@ from broker.message_type import (
     TopicMessageType,
     check_message_type,
     message_type_of,
+    timer_properties,
     topic_message_type,
 )
 from broker.store.offsets import PutResult
@@ -126,7 +127,7 @@ class MessageModel:
             props = msg.properties
             kind = message_type_of(props)
             _check_single_type(props, kind, where)
-            check_message_type(topic, topic_type, kind, where)
+            check_message_type(topic, topic_type, kind, where, props)
             if kind is TopicMessageType.FIFO:
                 group = props[PROPERTY_SHARDING_KEY]
                 problem = message_group_problem(group)
@@ -186,8 +187,10 @@ def typed_properties(*, deliver_at_ms: int | None = None, delay_ms: int | None =
 
 
 def _check_single_type(props: dict[str, str], kind: TopicMessageType, where: str) -> None:
-    """One message, one type: a delayed or transactional message cannot also be grouped, nor a
-    transactional one delayed (RocketMQ's clients refuse these combinations)."""
+    """One message, one type, one delivery time: a delayed or transactional message cannot also be
+    grouped, nor a transactional one delayed (RocketMQ's clients refuse these combinations), and a
+    delayed message names its time once (RocketMQ reads the first timer property it finds and
+    ignores the others: a silent choice between two times the sender both meant)."""
     if kind is TopicMessageType.TRANSACTION and (message_type_of({k: v for k, v in props.items()
                                                                   if k != "TRAN_MSG"})
                                                  is not TopicMessageType.NORMAL):
@@ -196,3 +199,15 @@ def _check_single_type(props: dict[str, str], kind: TopicMessageType, where: str
     if kind is TopicMessageType.DELAY and PROPERTY_SHARDING_KEY in props:
         raise BrokerError(BrokerCode.MESSAGE_ILLEGAL, "a delayed message cannot have a message group",
                           field=where)
+    if kind is TopicMessageType.DELAY:
+        timers = timer_properties(props)
+        if len(timers) > 1:
+            names = " and ".join(_TIMER_FIELDS[k] for k in timers)
+            raise BrokerError(BrokerCode.MESSAGE_ILLEGAL, f"{names} cannot be combined: a delayed message "
+                              "has one delivery time, send only one of them", field=where)
+
+
+# The front-end names of the timer properties (HTTP's fields; TIMER_DELAY_SEC only as a property).
+_TIMER_FIELDS = {PROPERTY_DELAY_TIME_LEVEL: "delayTimeLevel", PROPERTY_TIMER_DELAY_MS: "delayMs",
+                 PROPERTY_TIMER_DELIVER_MS: "deliverAt",
+                 PROPERTY_TIMER_DELAY_SEC: "properties.TIMER_DELAY_SEC"}

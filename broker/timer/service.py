@@ -147,7 +147,11 @@ class TimerService:
                 raise _illegal(f"delayTimeLevel must be an integer 1..{len(self.delay_levels_ms)}, "
                                f"got {level[:40]!r}", f"{where}.delayTimeLevel")
             n = int(level)
-            if n <= 0:
+            if n < 0:
+                levels = len(self.delay_levels_ms)
+                raise _illegal(f"delayTimeLevel must be 1..{levels} (0: no delay), got {n}",
+                               f"{where}.delayTimeLevel")
+            if n == 0:
                 return None
             due = now_ms + self.delay_levels_ms[min(n, len(self.delay_levels_ms)) - 1]  # above max: the last
         else:

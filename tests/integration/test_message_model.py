@@ -409,6 +409,17 @@ def test_delay_levels_timers_and_recall(brokers: SetUnderTest) -> None:
         "POST", "/topics/mm-delay/messages", json={"messages": [{"body": "far", "delayMs": 4 * 86_400_000}]}
     )
     assert r.status_code == 400 and r.json()["code"] == "ILLEGAL_DELIVERY_TIME"
+    # level 0 is no delay (RocketMQ 4): an undelayed message, which a DELAY topic refuses
+    r = brokers.request("POST", "/topics/mm-delay/messages", json={"body": "zero", "delayTimeLevel": 0})
+    assert r.status_code == 400 and r.json()["code"] == "MESSAGE_TYPE_MISMATCH", r.text
+    assert r.json()["field"] == "messages[0].delayTimeLevel"
+    # one delivery time per message: two are refused, never one silently chosen
+    r = brokers.request(
+        "POST", "/topics/mm-delay/messages", json={"body": "both", "delayMs": 1000, "deliverAt": t0 + 9000}
+    )
+    assert r.status_code == 400 and r.json()["code"] == "MESSAGE_ILLEGAL", r.text
+    assert r.json()["field"] == "messages[0]" and "deliverAt and delayMs" in r.json()["detail"]
+    assert sorted(body_of(m) for m in brokers.read_all("mm-delay")) == ["at", "level", "ms", "past"]
 
 
 # ---- transactions -------------------------------------------------------------------------------

@@ -29,3 +29,16 @@ def test_wrong_type_refused_with_its_code_mixed_and_dlq_take_anything():
         check_message_type("t", T.FIFO, T.NORMAL, "messages[2]")
     assert err.value.code is BrokerCode.MESSAGE_TYPE_MISMATCH and err.value.status == 400
     assert err.value.extra["field"] == "messages[2]" and err.value.extra["topicMessageType"] == "FIFO"
+
+
+def test_delay_level_zero_is_no_delay_and_names_itself_on_a_delay_topic():
+    """RocketMQ 4 schedules only a level > 0: level 0 is an undelayed (NORMAL) message, refused
+    by a DELAY topic like any undelayed message, the field named."""
+    assert message_type_of({"DELAY": "0"}) is T.NORMAL
+    assert message_type_of({"DELAY": "0", "__SHARDINGKEY": "g"}) is T.FIFO
+    assert message_type_of({"DELAY": "1"}) is T.DELAY
+    check_message_type("t", T.NORMAL, message_type_of({"DELAY": "0"}), "messages[0]", {"DELAY": "0"})
+    with pytest.raises(BrokerError) as err:
+        check_message_type("t", T.DELAY, T.NORMAL, "messages[1]", {"DELAY": "0"})
+    assert err.value.code is BrokerCode.MESSAGE_TYPE_MISMATCH
+    assert err.value.extra["field"] == "messages[1].delayTimeLevel" and "delayTimeLevel 0" in err.value.detail
