@@ -87,6 +87,7 @@ class SendResult(NamedTuple):
     deliver_at_ms: int | None = None
     recall_handle: str | None = None
     transaction_id: str | None = None
+    message_id: str | None = None  # its UNIQ_KEY: what it is looked up and delivered by
 
 
 @dataclass(slots=True)
@@ -106,8 +107,9 @@ class MessageModel:
     """The message-model services of one broker. Callers: the produce service (`route`,
     `result`), the pop service (`subscriptions`), the front-ends (timers.recall, transactions)."""
 
-    def __init__(self, timers: TimerService, transactions: TransactionService,
+    def __init__(self, store: Any, timers: TimerService, transactions: TransactionService,
                  subscriptions: SubscriptionGroupManager) -> None:
+        self.store = store
         self.timers = timers
         self.transactions = transactions
         self.subscriptions = subscriptions
@@ -155,11 +157,20 @@ class MessageModel:
             return put
         qid = -1 if routed.real_queue_id is None else routed.real_queue_id
         uniq = routed.message.properties[PROPERTY_UNIQ_KEY]
-        if routed.deliver_at_ms is not None:
-            handle = self.timers.recall_handle(topic, put.queue_offset, routed.deliver_at_ms, uniq)
+        deliver_at_ms = routed.deliver_at_ms
+        if routed.message.idempotency_key is not None:
+            # Perhaps a repeat answered with the first put's result: name that put's message
+            # (its UNIQ_KEY, its due time), not this request's new one.
+            stored = self.store.look_message_by_offset(put.commit_log_offset, put.store_size)
+            uniq = stored.uniq_key or uniq
+            if deliver_at_ms is not None:
+                deliver_at_ms = int(stored.properties.get(PROPERTY_TIMER_OUT_MS, deliver_at_ms))
+        if deliver_at_ms is not None:
+            handle = self.timers.recall_handle(topic, put.queue_offset, deliver_at_ms, uniq)
             return SendResult(put.msg_id, qid, -1, put.commit_log_offset, put.store_size,
-                              deliver_at_ms=routed.deliver_at_ms, recall_handle=handle)
-        return SendResult(put.msg_id, qid, -1, put.commit_log_offset, put.store_size, transaction_id=uniq)
+                              deliver_at_ms=deliver_at_ms, recall_handle=handle, message_id=uniq)
+        return SendResult(put.msg_id, qid, -1, put.commit_log_offset, put.store_size, transaction_id=uniq,
+                          message_id=uniq)
 
 
 def typed_properties(*, deliver_at_ms: int | None = None, delay_ms: int | None = None,

@@ -245,6 +245,8 @@ def message_json(m: MessageExt, force_base64: bool = False) -> dict[str, Any]:
         "bornTimestamp": m.born_timestamp,
         "storeTimestamp": m.store_timestamp,
         "reconsumeTimes": m.reconsume_times,
+        # The UNIQ_KEY: the id its producer knows it by, from send to delivery.
+        "messageId": props.get(PROPERTY_UNIQ_KEY),
     }
 
 

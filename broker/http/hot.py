@@ -101,12 +101,16 @@ def _decode_produce(
     raise invalid("Content-Type", f"expected {JSON} or application/octet-stream, got {ctype!r}")
 
 
+_TYPED_RESULT_FIELDS = ("deliverAt", "recallHandle", "transactionId", "messageId")
+
+
 def result_json(r: tuple) -> dict[str, Any]:
     """One send result as the API shows it (a typed message's adds when it is due, its recall
-    handle, its transaction id)."""
+    handle, its transaction id, and its messageId: the UNIQ_KEY it is found and delivered by,
+    while `msgId` names where its copy is stored until then)."""
     doc = {"msgId": r[0], "queueId": r[1], "queueOffset": r[2], "commitLogOffset": r[3]}
     if len(r) > 5:
-        for name, value in zip(("deliverAt", "recallHandle", "transactionId"), r[5:8], strict=True):
+        for name, value in zip(_TYPED_RESULT_FIELDS, r[5:9], strict=True):
             if value is not None:
                 doc[name] = value
     return doc

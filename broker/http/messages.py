@@ -146,8 +146,10 @@ _MESSAGE_ID_OPENAPI: dict[str, Any] = {
             "in": "path",
             "required": True,
             "schema": {"type": "string", "minLength": 1, "maxLength": MAX_CLIENT_ID_LENGTH},
-            "description": "an offset id (32 hex digits), or the client's own message id (RocketMQ "
-            "5's, sent as UNIQ_KEY) within idempotencyWindowMs",
+            "description": "an offset id (32 hex digits), or a message's messageId (its UNIQ_KEY: "
+            "RocketMQ 5's client message id, or the messageId a produce answered) within "
+            "idempotencyWindowMs — a delayed or transactional message's also before its delivery, "
+            "then shown with its `state`",
         }
     ]
 }
@@ -188,14 +190,17 @@ def build_router(services: BrokerServices, hot: HotHandlers) -> APIRouter:
 
     @router.get(
         "/messages/{msgId}",
-        summary="Look a message up by its id (store host + physical offset)",
+        summary="Look a message up by its id (store host + physical offset) or its messageId (UNIQ_KEY)",
         tags=["messages"],
         responses={200: {"model": MessageOut}, **PROBLEM_RESPONSES},
         openapi_extra=_MESSAGE_ID_OPENAPI,
     )
     async def message_by_id(request: Request) -> Response:
-        msg = services.query.by_id(account_of(request), request.path_params["msgId"])
-        return Response(orjson.dumps(message_json(msg)), media_type=JSON)
+        found = await services.query.find(account_of(request), request.path_params["msgId"])
+        doc = message_json(found.message)
+        if found.state is not None:
+            doc["state"] = found.state
+        return Response(orjson.dumps(doc), media_type=JSON)
 
     @router.get(
         "/messages",

@@ -95,6 +95,7 @@ class PutResultOut(BaseModel):
     deliverAt: int | None = None
     recallHandle: str | None = None
     transactionId: str | None = None
+    messageId: str | None = None
 
 
 class ProduceResponse(BaseModel):
@@ -115,6 +116,15 @@ class MessageOut(BaseModel):
     bornTimestamp: int
     storeTimestamp: int
     reconsumeTimes: int = 0
+    messageId: str | None = Field(
+        default=None, description="Its UNIQ_KEY: the id its producer was answered with (not in pull pages)"
+    )
+    state: str | None = Field(
+        default=None,
+        description="GET /messages/{id} of a delayed or transactional message not delivered: "
+        "SCHEDULED, RECALLED, DELIVERED (not found in its topic any more), HALF, ROLLED_BACK, "
+        "DISCARDED, COMMITTED (idem)",
+    )
 
 
 class ReceivedMessageOut(MessageOut):

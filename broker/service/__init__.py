@@ -107,7 +107,7 @@ class BrokerServices:
         pop = PopService(state, acl, metrics, model)
         pop.install()
         produce = ProduceService(state, acl, metrics, model)
-        query = MessageQueryService(state, acl)
+        query = MessageQueryService(state, acl, model)
         services = cls(
             state=state,
             acl=acl,

@@ -10,25 +10,40 @@ act only while this broker is master).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker.errors import BrokerCode, BrokerError
 from broker.filter import FilterError, MessageFilter, build_filter
-from broker.message import Message
+from broker.message import Message, MessageExt
 from broker.message_model import MessageModel, Routed
 from broker.service.acl import AccessControl, Account, Right
 from broker.service.metrics import BrokerMetrics
 from broker.service.state import BrokerState
 from broker.subscription import SYS_SUBSCRIPTION_GROUP, SubscriptionGroupConfig, SubscriptionGroupManager
-from broker.timer.service import TimerService, parse_delay_levels
+from broker.timer.service import PROPERTY_TIMER_OUT_MS, TimerService, TimerState, parse_delay_levels
 from broker.transaction.service import TransactionCheck, TransactionService
 from broker.transaction.state import TransactionState
 
 log = logging.getLogger(__name__)
 
 MAX_CHECK_WAIT_MS = 60_000
+HALF_STATE = "HALF"  # how a message of an OPEN transaction shows
+
+
+class TypedMessage(NamedTuple):
+    """A delayed or transactional message found by its message id (UNIQ_KEY) in the timer queue or
+    the half topic: its stored copy as it will be (or was) delivered — its own topic and queue
+    (-1: not chosen yet), queue offset -1 — where it stands (`state`: SCHEDULED, DELIVERED,
+    RECALLED; HALF, COMMITTED, ROLLED_BACK, DISCARDED), whether its message is in its topic, and
+    from when (ms) it may have been stored there."""
+
+    message: MessageExt
+    state: str
+    delivered: bool
+    delivered_from_ms: int
 
 
 class MessageModelService:
@@ -52,7 +67,7 @@ class MessageModelService:
         self.transactions = TransactionService(store, timeout_ms=config.transaction_time_out,
                                                check_interval_ms=config.transaction_check_interval,
                                                check_max=config.transaction_check_max)
-        self.model = MessageModel(self.timers, self.transactions, self.subscriptions)
+        self.model = MessageModel(store, self.timers, self.transactions, self.subscriptions)
 
     def install(self) -> None:
         """Register the replicated state and the dispatch hooks; before the store starts."""
@@ -92,6 +107,26 @@ class MessageModelService:
 
     def retry_max_times(self, group: str) -> int:
         return self.group(group).effective_retry_max_times(self.state.config.max_reconsume_times)
+
+    # ---- lookup by message id (called by the query service) ---------------------------------------
+
+    def typed_message(self, message_id: str) -> TypedMessage | None:
+        """The delayed or transactional message sent with `message_id` (its UNIQ_KEY), on any
+        member; None when none is known (never sent, or settled long enough ago to be forgotten)."""
+        found = self.transactions.find(message_id)
+        if found is not None:
+            half, ext = found
+            state = HALF_STATE if half.state is TransactionState.OPEN else half.state.value
+            view = _as_delivered(ext, self.transactions.real_message(ext))
+            return TypedMessage(view, state, half.state is TransactionState.COMMITTED,
+                                half.resolved_ms or half.store_ms)
+        timer = self.timers.find(message_id)
+        if timer is None:
+            return None
+        raw_due = timer.message.properties.get(PROPERTY_TIMER_OUT_MS, "")
+        due = int(raw_due) if raw_due.isdigit() else timer.message.store_timestamp
+        view = _as_delivered(timer.message, self.timers.real_message(timer.message, due))
+        return TypedMessage(view, timer.state.value, timer.state is TimerState.DELIVERED, due)
 
     # ---- transactions ----------------------------------------------------------------------------
 
@@ -152,3 +187,12 @@ class MessageModelService:
         cfg = await self.subscriptions.update(group, doc)
         log.info("event=group_config_updated group=%s config=%s", group, cfg.to_record())
         return cfg.to_wire(self.state.config.max_reconsume_times)
+
+
+def _as_delivered(copy: MessageExt, real: tuple[str, int | None, Message]) -> MessageExt:
+    """A timer's or half's stored copy shown as the message it delivers: its topic, queue (-1
+    when the store chooses at delivery) and properties; queue offset -1 (no place there yet). The
+    copy's own place (commit-log offset, store host: its msgId) is kept."""
+    topic, queue_id, msg = real
+    return dataclasses.replace(copy, topic=topic, queue_id=-1 if queue_id is None else queue_id,
+                               queue_offset=-1, properties=msg.all_properties())

@@ -24,6 +24,11 @@ changes. Never early: a timer is taken only when `now >= due` on the master's cl
 before the due time writes a marker alone and answers truthfully (recalled, already delivered,
 being delivered, not found) — RocketMQ answers success without looking.
 
+**Lookup** by message id: a producer knows its delayed message by its UNIQ_KEY (the send answer's
+`messageId`, RocketMQ's message id); `find` answers where its timer stands (SCHEDULED, RECALLED,
+DELIVERED) from `TimerKeys` (`keys.py`, 4 bytes per timer-queue unit), on every member. After a
+restart the keys of the timers still pending are read back in the background (`_fill_keys`).
+
 The pending timers are a `TimerIndex` per member (time-bucketed, 16 bytes a timer, spilled to disk
 past `timerMaxResident`); see `index.py`.
 """
@@ -38,7 +43,8 @@ import os
 import re
 import time
 from collections.abc import Callable
-from typing import Any
+from enum import StrEnum
+from typing import Any, NamedTuple
 
 from broker.errors import BrokerCode, BrokerError
 from broker.message import (
@@ -58,6 +64,7 @@ from broker.message_type import (
     PROPERTY_TIMER_DELIVER_MS,
 )
 from broker.timer.index import TimerIndex
+from broker.timer.keys import TimerKeys
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +88,27 @@ _RETRY_S = 1.0  # after a fire the store refused
 _FOLLOWER_GRACE_MS = 10_000  # a follower drops fired timers of slots this long past
 _FLOOR_EVERY_MS = 60_000  # how often the retired-timer bitmap is cut at the oldest pending timer
 _RECALL_VERSION = "v1"
+_RECALLED = "RECALLED"  # a marker's reason: the timer was recalled
 # A real topic that refuses the delivered message for good: the timer is retired without it.
 _UNDELIVERABLE = frozenset({BrokerCode.TOPIC_NOT_EXIST, BrokerCode.NO_PERMISSION, BrokerCode.QUEUE_NOT_EXIST})
 Item = tuple[str, int | None, Message]  # (topic, queue id or None, message) of an atomic put
+_FILL_CHUNK = 256  # timer-queue messages read per step of the start-up key fill
+
+
+class TimerState(StrEnum):
+    """Where a timer stands, as a lookup by message id shows it."""
+
+    SCHEDULED = "SCHEDULED"  # pending: not yet due, or due and about to be fired
+    DELIVERED = "DELIVERED"  # fired: its message is in its topic
+    RECALLED = "RECALLED"
+
+
+class FoundTimer(NamedTuple):
+    """A timer found by its message id: its copy in the timer queue, and its state."""
+
+    offset: int
+    message: MessageExt
+    state: TimerState
 
 
 def _marker_offset(item: Item) -> int:
@@ -135,6 +160,10 @@ class TimerService:
         self._task: asyncio.Task[None] | None = None
         self._term = -2
         self._floor_raised_ms = 0
+        self.keys = TimerKeys()
+        self._recalled: set[int] = set()  # timer-queue offsets of recalled timers, above the floor
+        self._unkeyed: tuple[int, int] | None = None  # [from, to) still to read keys from after a start
+        self._fill_task: asyncio.Task[None] | None = None
 
     # ---- admission ---------------------------------------------------------------------------
 
@@ -212,8 +241,13 @@ class TimerService:
         code = info.tags_code  # = tags_code(info), set by the dispatcher
         if code < 0:
             self.index.remove(-code - 1)
+            if info.properties.get(PROPERTY_TIMER_DEL_REASON) == _RECALLED:
+                self._recalled.add(-code - 1)
             return
         self.index.add(code, info.queue_offset)
+        uniq = info.properties.get(PROPERTY_UNIQ_KEY)
+        if uniq:
+            self.keys.add(info.queue_offset, uniq)
         if self.store.is_master:
             self._wakeup.set()  # perhaps due before what the fire loop sleeps for
 
@@ -225,6 +259,9 @@ class TimerService:
             return
         lo, hi = cq.min_offset, cq.max_offset
         self.index.raise_floor(lo)
+        self.keys.reset(lo)
+        self._recalled.clear()
+        self._unkeyed = (lo, hi) if hi > lo else None
         retired = bytearray((hi - lo + 7) // 8)
         pending = 0
         chunk = 4096
@@ -251,11 +288,18 @@ class TimerService:
 
     async def start(self) -> None:
         self._stopping = False
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="timer-fire")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="timer-fire")
+        if self._unkeyed is not None:
+            self._fill_task = loop.create_task(self._fill_keys(), name="timer-keys")
 
     async def stop(self) -> None:
         self._stopping = True
         self._wakeup.set()
+        if self._fill_task is not None:
+            self._fill_task.cancel()
+            await asyncio.gather(self._fill_task, return_exceptions=True)
+            self._fill_task = None
         if self._task is not None:
             await self._task
             self._task = None
@@ -285,6 +329,8 @@ class TimerService:
         cq = self.store.consume_queues.get((TIMER_TOPIC, 0))
         if cq is not None:
             self.index.raise_floor(max(self.index.low_water_mark(cq.max_offset), cq.min_offset))
+            self.keys.cut(self.index.floor)
+            self._recalled = {off for off in self._recalled if off >= self.index.floor}
 
     def _on_role_change(self, *_: object) -> None:
         """Any role change: whatever was in flight goes back to pending (its marker, if its entry
@@ -338,7 +384,7 @@ class TimerService:
             if ext is None:
                 units.append([self._marker(off, "UNREADABLE")])
                 continue
-            units.append([self._real_message(ext, due_ms), self._marker(off, "FIRED")])
+            units.append([self.real_message(ext, due_ms), self._marker(off, "FIRED")])
             size += len(ext.body) + 512
             self.late_ms_max = max(self.late_ms_max, now - due_ms)
             if size >= _ENTRY_BYTES:
@@ -381,7 +427,8 @@ class TimerService:
             return None
         return got[0]
 
-    def _real_message(self, ext: MessageExt, due_ms: int) -> Item:
+    def real_message(self, ext: MessageExt, due_ms: int) -> Item:
+        """The message a timer delivers (its topic, queue and properties), from its copy `ext`."""
         props = {k: v for k, v in ext.properties.items() if k not in _ADMISSION_PROPERTIES}
         props[PROPERTY_TIMER_DELIVER_MS] = str(due_ms)
         topic = ext.properties.get(PROPERTY_REAL_TOPIC, "")
@@ -390,14 +437,70 @@ class TimerService:
         cfg = self.store.topics.get(topic)
         if queue_id is not None and cfg is not None and queue_id >= cfg.write_queue_nums:
             queue_id %= cfg.write_queue_nums  # the topic lost queues meanwhile
+        # Its UNIQ_KEY as its idempotency key: every member's idempotency table then finds the
+        # delivered message by the id its producer was answered with (`GET /messages/{id}`).
         msg = Message(topic, ext.body, tags=ext.tags, keys=ext.keys, properties=props, flag=ext.flag,
-                      born_timestamp=ext.born_timestamp, born_host=ext.born_host)
+                      idempotency_key=ext.uniq_key, born_timestamp=ext.born_timestamp,
+                      born_host=ext.born_host)
         return topic, queue_id, msg
 
     def _marker(self, offset: int, reason: str) -> Item:
         props = {PROPERTY_TIMER_DEL_OFFSET: str(offset), PROPERTY_TIMER_DEL_REASON: reason,
                  PROPERTY_UNIQ_KEY: new_uniq_key()}
         return TIMER_TOPIC, 0, Message(TIMER_TOPIC, b"", properties=props)
+
+    # ---- lookup by message id -------------------------------------------------------------------
+
+    def find(self, uniq_key: str) -> FoundTimer | None:
+        """The latest timer stored with `uniq_key` and where it stands; None when no timer above
+        the settled floor has it. SERVICE_UNAVAILABLE while the keys are still being read back
+        after a start and none matched yet."""
+        for off in reversed(self.keys.candidates(uniq_key)):
+            ext = self._read_timer(off)
+            if ext is None or ext.uniq_key != uniq_key or PROPERTY_TIMER_DEL_OFFSET in ext.properties:
+                continue
+            if not self.index.is_removed(off):
+                state = TimerState.SCHEDULED
+            else:
+                state = TimerState.RECALLED if off in self._recalled else TimerState.DELIVERED
+            return FoundTimer(off, ext, state)
+        if self._unkeyed is not None:
+            raise BrokerError(BrokerCode.SERVICE_UNAVAILABLE, "the timers' message ids are still being read "
+                              "after a start; ask again in a moment")
+        return None
+
+    async def _fill_keys(self) -> None:
+        """After a start: the keys of the timers in the timer queue when it was rebuilt (and which
+        of them were recalled), read in chunks between other work."""
+        assert self._unkeyed is not None
+        offset, end = self._unkeyed
+        read = 0
+        try:
+            while offset < end:
+                offset = max(offset, self.keys.base)
+                if offset >= end:
+                    break
+                got = self.store.get_messages(TIMER_TOPIC, 0, offset, min(_FILL_CHUNK, end - offset))
+                for ext in got.messages:
+                    if ext.queue_offset >= end:
+                        break
+                    props = ext.properties
+                    target = props.get(PROPERTY_TIMER_DEL_OFFSET)
+                    if target is None:
+                        if ext.uniq_key:
+                            self.keys.add(ext.queue_offset, ext.uniq_key)
+                    elif props.get(PROPERTY_TIMER_DEL_REASON) == _RECALLED and target.isdigit():
+                        self._recalled.add(int(target))
+                read += len(got.messages)
+                if got.next_offset <= offset:
+                    break
+                offset = got.next_offset
+                await asyncio.sleep(0)
+        except BrokerError as exc:
+            log.error("event=timer_keys_fill_failed offset=%d code=%s detail=%s", offset, exc.code,
+                      exc.detail)
+        self._unkeyed = None
+        log.info("event=timer_keys_filled read=%d", read)
 
     # ---- recall ----------------------------------------------------------------------------------
 
@@ -427,7 +530,7 @@ class TimerService:
         if due <= self.clock_ms() or not self.index.reserve(off, due):
             raise BrokerError(BrokerCode.RECALL_FAILED, "the message is due: it is being delivered")
         try:
-            await self.store.put_messages_atomic([self._marker(off, "RECALLED")])
+            await self.store.put_messages_atomic([self._marker(off, _RECALLED)])
         except BrokerError as exc:
             if exc.extra.get("outcome") not in ("unknown", "committed"):
                 self.index.release(off)
@@ -452,4 +555,5 @@ class TimerService:
         return parts
 
     def stats(self) -> dict[str, int]:
-        return {**self.index.stats(), "fired": self.fired, "late_ms_max": self.late_ms_max}
+        return {**self.index.stats(), "fired": self.fired, "late_ms_max": self.late_ms_max,
+                "key_bytes": self.keys.nbytes()}

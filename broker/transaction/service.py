@@ -297,6 +297,18 @@ class TransactionService:
                  resolution.value, from_check)
         return half.state if half.state is not TransactionState.OPEN else wanted
 
+    def find(self, transaction_id: str) -> tuple[HalfMessage, MessageExt] | None:
+        """A transaction by its id (its message's UNIQ_KEY) and its half message, while this
+        member knows it (open ones, resolved ones until pruned)."""
+        half = self.table.get(transaction_id)
+        if half is None:
+            return None
+        try:
+            return half, self.store.look_message_by_offset(half.phys, half.size)
+        except BrokerError as exc:
+            log.error("event=half_unreadable offset=%d code=%s", half.offset, exc.code)
+            return None
+
     def _lookup(self, topic: str, transaction_id: str, producer_group: str | None) -> HalfMessage:
         half = self.table.get(transaction_id)
         if half is None or half.topic != topic:
@@ -314,11 +326,12 @@ class TransactionService:
             await self.store.append_system_record(OP_TOPIC, record)
             return
         ext = self.store.look_message_by_offset(half.phys, half.size)
-        real = self._real_message(ext)
+        real = self.real_message(ext)
         op = Message(OP_TOPIC, orjson.dumps(record), properties={PROPERTY_UNIQ_KEY: new_uniq_key()})
         await self.store.put_messages_atomic([real, (OP_TOPIC, 0, op)])
 
-    def _real_message(self, ext: MessageExt) -> tuple[str, int | None, Message]:
+    def real_message(self, ext: MessageExt) -> tuple[str, int | None, Message]:
+        """The message a commit delivers (its topic, queue and properties), from its half `ext`."""
         props = {k: v for k, v in ext.properties.items() if k not in _HALF_ONLY}
         topic = ext.properties.get(PROPERTY_REAL_TOPIC, "")
         qid_raw = ext.properties.get(PROPERTY_REAL_QUEUE_ID)
@@ -326,9 +339,10 @@ class TransactionService:
         cfg = self.store.topics.get(topic)
         if queue_id is not None and cfg is not None and queue_id >= cfg.write_queue_nums:
             queue_id %= cfg.write_queue_nums
+        # Its UNIQ_KEY (the transaction id) as its idempotency key, as a fired timer's message.
         return topic, queue_id, Message(topic, ext.body, tags=ext.tags, keys=ext.keys, properties=props,
-                                        flag=ext.flag, born_timestamp=ext.born_timestamp,
-                                        born_host=ext.born_host)
+                                        flag=ext.flag, idempotency_key=ext.uniq_key,
+                                        born_timestamp=ext.born_timestamp, born_host=ext.born_host)
 
     # ---- check-back (master) --------------------------------------------------------------------
 

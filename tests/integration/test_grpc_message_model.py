@@ -24,7 +24,7 @@ from rocketmq import (
 )
 from rocketmq.grpc_protocol import FilterType
 
-from broker.grpc.convert import duration
+from broker.grpc.convert import duration, timestamp
 from broker.grpc.protocol import Code, pb, spb, spb_grpc
 from tests.integration._grpc_harness import GrpcSet, grpc_set
 
@@ -294,3 +294,68 @@ def test_consumer_settings_carry_the_groups_fifo_flag_and_retry_policy(cluster: 
         backoff.exponential_backoff.max.seconds,
         backoff.exponential_backoff.multiplier,
     ) == (2, 60, 3.0)
+
+
+def test_end_transaction_and_recall_sent_to_a_slave_reach_the_master(cluster: GrpcSet) -> None:
+    """Routes put some queue entries at the other members, so a client may end a transaction or
+    recall a timer at a slave: the slave forwards both to the master, as it does a send. The
+    message id a send answers finds the message over HTTP before delivery (HALF, SCHEDULED)
+    and after (the delivered message)."""
+    topic_tx, topic_delay = "grpc-slave-tx", "grpc-slave-delay"
+    create_topic(cluster, topic_tx, "TRANSACTION")
+    create_topic(cluster, topic_delay, "DELAY")
+    master = cluster.master()
+    slave = next(sid for sid in cluster.grpc if sid != master)
+    meta = [("x-mq-client-id", "slave-caller")]
+
+    def typed(topic: str, message_id: str, kind: int, **sp) -> pb.Message:
+        return pb.Message(
+            topic=pb.Resource(name=topic),
+            system_properties=pb.SystemProperties(message_id=message_id, message_type=kind, **sp),
+            body=message_id.encode(),
+        )
+
+    tx_id, delay_id = "0102FC00000000000000000000000000A1", "0102FC00000000000000000000000000A2"
+    with grpc.insecure_channel(cluster.grpc[slave]) as channel:
+        stub = spb_grpc.MessagingServiceStub(channel)
+        sent = stub.SendMessage(
+            spb.SendMessageRequest(messages=[typed(topic_tx, tx_id, pb.TRANSACTION)]),
+            metadata=meta,
+            timeout=10,
+        )
+        assert sent.status.code == Code.OK, sent.status
+        half = httpx.get(f"http://{cluster.http[master]}/messages/{tx_id}", timeout=10).json()
+        assert (half["state"], half["topic"], half["messageId"]) == ("HALF", topic_tx, tx_id)
+        ended = stub.EndTransaction(
+            spb.EndTransactionRequest(
+                topic=pb.Resource(name=topic_tx),
+                message_id=tx_id,
+                transaction_id=sent.entries[0].transaction_id,
+                resolution=pb.COMMIT,
+                source=pb.SOURCE_CLIENT,
+            ),
+            metadata=meta,
+            timeout=10,
+        )
+        assert ended.status.code == Code.OK, ended.status
+        due = timestamp(int(time.time() * 1000) + 600_000)
+        timer = stub.SendMessage(
+            spb.SendMessageRequest(messages=[typed(topic_delay, delay_id, pb.DELAY, delivery_timestamp=due)]),
+            metadata=meta,
+            timeout=10,
+        )
+        assert timer.status.code == Code.OK and timer.entries[0].recall_handle, timer
+        pending = httpx.get(f"http://{cluster.http[master]}/messages/{delay_id}", timeout=10).json()
+        assert (pending["state"], pending["topic"]) == ("SCHEDULED", topic_delay)
+        recalled = stub.RecallMessage(
+            spb.RecallMessageRequest(
+                topic=pb.Resource(name=topic_delay), recall_handle=timer.entries[0].recall_handle
+            ),
+            metadata=meta,
+            timeout=10,
+        )
+        assert recalled.status.code == Code.OK and recalled.message_id == delay_id, recalled
+    delivered = httpx.get(f"http://{cluster.http[master]}/messages/{tx_id}", timeout=10).json()
+    assert "state" not in delivered and delivered["topic"] == topic_tx and delivered["queueOffset"] >= 0
+    gone = httpx.get(f"http://{cluster.http[master]}/messages/{delay_id}", timeout=10).json()
+    assert gone["state"] == "RECALLED"

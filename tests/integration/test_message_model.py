@@ -474,6 +474,76 @@ def test_transactions_commit_rollback_and_check_back(brokers: SetUnderTest) -> N
     assert sorted(body_of(m) for m in brokers.read_all("mm-tx")) == ["checked", "commit"]
 
 
+# ---- one message id from send to delivery -------------------------------------------------------
+
+
+def by_id(addr: str, msg_id: str) -> httpx.Response:
+    return httpx.get(f"http://{addr}/messages/{msg_id}", timeout=10)
+
+
+def shown(addr: str, msg_id: str, state: str | None) -> dict | None:
+    """GET /messages/{msg_id} at `addr` when it shows `state` (None: a delivered message)."""
+    r = by_id(addr, msg_id)
+    return r.json() if r.status_code == 200 and r.json().get("state") == state else None
+
+
+def test_a_delayed_or_transactional_message_keeps_its_message_id_from_send_to_delivery(
+    brokers: SetUnderTest,
+) -> None:
+    """The send answers `messageId` (the UNIQ_KEY); GET /messages/{it} on every member shows the
+    pending message with its state before delivery (the `msgId` of its stored copy too), the
+    delivered one after, and a consumer receives it under that id. A repeated send (same
+    idempotency key) is answered with the first one's ids."""
+    brokers.topic("mm-ids-delay", "DELAY", queues=2)
+    brokers.topic("mm-ids-tx", "TRANSACTION", queues=2)
+    (later, recalled) = brokers.send(
+        "mm-ids-delay", [{"body": "later", "delayMs": 3000}, {"body": "recalled", "delayMs": 600_000}]
+    )
+    tx = {"body": "tx", "transactional": True, "idempotencyKey": "mm-ids-tx-1"}
+    (committed, rolled_back) = brokers.send("mm-ids-tx", [tx, {"body": "rb", "transactional": True}])
+    assert brokers.send("mm-ids-tx", [tx]) == [committed]  # a repeat: the first one's answer
+    assert committed["messageId"] == committed["transactionId"] and later["messageId"] != later["msgId"]
+
+    for addr in brokers.live_addrs():  # a follower may apply the entry a moment after the commit
+        for sent, state, topic, body in (
+            (later, "SCHEDULED", "mm-ids-delay", "later"),
+            (committed, "HALF", "mm-ids-tx", "tx"),
+        ):
+            for msg_id in (sent["messageId"], sent["msgId"]):
+                doc = wait_for(lambda a=addr, m=msg_id, st=state: shown(a, m, st), 10, f"{msg_id} at {addr}")
+                assert (doc["topic"], doc["body"], doc["messageId"]) == (topic, body, sent["messageId"])
+                assert doc["queueOffset"] == -1 and doc["msgId"] == sent["msgId"]
+        doc = by_id(addr, later["messageId"]).json()
+        assert int(doc["properties"]["TIMER_DELIVER_MS"]) == later["deliverAt"]
+    r = brokers.request(
+        "POST", "/topics/mm-ids-delay/recall", json={"recallHandle": recalled["recallHandle"]}
+    )
+    assert r.json()["messageId"] == recalled["messageId"]
+    assert brokers.request(
+        "POST", f"/topics/mm-ids-tx/transactions/{committed['transactionId']}/commit"
+    ).is_success
+    assert brokers.request(
+        "POST", f"/topics/mm-ids-tx/transactions/{rolled_back['transactionId']}/rollback"
+    ).is_success
+
+    for addr in brokers.live_addrs():
+        got = wait_for(lambda a=addr: shown(a, later["messageId"], None), 15, f"the delivery at {addr}")
+        assert got["topic"] == "mm-ids-delay" and got["queueOffset"] >= 0 and got["msgId"] != later["msgId"]
+        assert got["storeTimestamp"] >= later["deliverAt"]
+        got = wait_for(lambda a=addr: shown(a, committed["messageId"], None), 10, f"the commit at {addr}")
+        assert got["topic"] == "mm-ids-tx" and got["body"] == "tx" and got["queueOffset"] >= 0
+        assert wait_for(lambda a=addr: shown(a, recalled["messageId"], "RECALLED"), 10, "the recall")
+        assert wait_for(lambda a=addr: shown(a, rolled_back["messageId"], "ROLLED_BACK"), 10, "the rollback")
+    received = {}
+    deadline = time.monotonic() + 15
+    while len(received) < 2 and time.monotonic() < deadline:
+        for topic in ("mm-ids-delay", "mm-ids-tx"):
+            for m in receive(brokers, "mm-ids-g", topic, wait_ms=500):
+                received[body_of(m)] = m["messageId"]
+    assert received == {"later": later["messageId"], "tx": committed["messageId"]}
+    assert by_id(brokers.master(), "0" * 32).status_code == 404
+
+
 # ---- a master SIGKILL in the middle of all of it ------------------------------------------------
 
 
@@ -482,10 +552,12 @@ def test_master_sigkill_with_pending_timers_and_open_transactions(brokers: SetUn
     brokers.topic("mm-k-tx", "TRANSACTION", queues=2)
     t0 = now_ms()
     due = {f"d{i}": t0 + 4000 + 10 * i for i in range(200)}
+    sent = []
     for chunk in range(0, 200, 50):
-        brokers.send(
+        sent += brokers.send(
             "mm-k-delay", [{"body": b, "deliverAt": at} for b, at in list(due.items())[chunk : chunk + 50]]
         )
+    (far,) = brokers.send("mm-k-delay", [{"body": "far", "delayMs": 600_000}])
     res = brokers.send("mm-k-tx", [{"body": f"t{i}", "transactional": True} for i in range(20)])
     txid = {f"t{i}": r["transactionId"] for i, r in enumerate(res)}
     committed = [f"t{i}" for i in range(10)]
@@ -507,6 +579,9 @@ def test_master_sigkill_with_pending_timers_and_open_transactions(brokers: SetUn
         tx_end(b, "commit" if b in committed else "rollback")
     wait_for(lambda: len(brokers.read_all("mm-k-delay")) >= 200, 30, "every timer fired after the failover")
     brokers.restart(old)
+    # the restarted member reads its timers' ids back: the far one is found pending by its id
+    assert wait_for(lambda: shown(brokers.addrs[old], far["messageId"], "SCHEDULED"), 20, "the far timer")
+    assert shown(brokers.master(), sent[0]["messageId"], None)["body"] == "d0"  # fired by the new master
     time.sleep(1.0)
     for sid, addr in brokers.addrs.items():
         delayed = brokers.read_all("mm-k-delay", addr=addr)
