@@ -1,8 +1,11 @@
 """The message model on a real 3-member DLedger set over HTTP (issue 15): topic message types, tag
-and SQL92 filters on pull and receive, FIFO groups, delay levels and timers with recall,
-transactions with commit, rollback and check-back — and a master SIGKILL in the middle of all of
-them (timers fired once and not early, no rolled-back message visible, committed ones kept, FIFO
-order per group held). One broker set for the module."""
+and SQL92 filters on pull and receive (generated expressions against the reference evaluator of
+tests/unit/test_filter_sql92.py, on every member; a filtered group across a master SIGKILL), FIFO
+groups, delay levels and timers with recall, transactions with commit, rollback and check-back (a
+producer SIGKILLed between half and commit, resolved by the check-back of the next master), one
+message id from send to delivery — and a master SIGKILL in the middle of all of them (timers fired
+once and not early, no rolled-back message visible, committed ones kept, FIFO order per group
+held). One broker set for the module."""
 
 from __future__ import annotations
 
@@ -12,12 +15,16 @@ import collections
 import io
 import random
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from client.mqadmin import main as run_mqadmin
 from tests.fault.history import History
@@ -28,6 +35,17 @@ from tests.integration._ledgermq_procs import (
     start_namesrv,
     wait_http,
     wait_master,
+)
+from tests.unit.test_filter_sql92 import (
+    JAVA,
+    Const,
+    JVal,
+    ParseRefused,
+    Prop,
+    as_bool,
+    realize,
+    ref_matches,
+    typed_specs,
 )
 
 pytestmark = pytest.mark.timeout(300)
@@ -260,6 +278,126 @@ def test_tag_and_sql_filters_on_pull_and_receive(brokers: SetUnderTest) -> None:
     assert all(row["lag"] == 0 for row in offsets["offsets"]), offsets
 
 
+FILTER_TAGS = ["TagA", "abc", "42", "true", "1.5", "x"]
+
+
+@pytest.fixture(scope="module")
+def filter_corpus(brokers: SetUnderTest) -> dict[str, dict[str, str]]:
+    """150 messages of topic mm-filter-h with random `a`/`b` properties (every value the reference
+    evaluator types: ints, longs, doubles, NaN, booleans, text) and tags: body → its properties as
+    the SQL92 reference sees them (TAGS among them)."""
+    brokers.topic("mm-filter-h", "NORMAL", queues=2)
+    rng = random.Random(1515)
+    values = [v for v in sorted(JAVA) if v]
+    corpus: dict[str, dict[str, str]] = {}
+    msgs = []
+    for i in range(150):
+        props = {n: rng.choice(values) for n in ("a", "b") if rng.random() < 0.8}
+        tag = rng.choice(FILTER_TAGS) if rng.random() < 0.8 else None
+        msg = {"body": f"h{i}", "properties": props, "queueId": i % 2}
+        if tag is not None:
+            msg["tags"] = tag
+        msgs.append(msg)
+        corpus[f"h{i}"] = {**props, **({"TAGS": tag} if tag is not None else {})}
+    brokers.send("mm-filter-h", msgs)
+    return corpus
+
+
+@settings(max_examples=40, deadline=None)
+@given(spec=typed_specs, member=st.integers(0, 2))
+def test_sql92_pull_agrees_with_the_reference_evaluator_on_every_member(
+    brokers: SetUnderTest, filter_corpus: dict[str, dict[str, str]], spec, member: int
+) -> None:
+    """Generated SQL92 expressions (RocketMQ's grammar and Java's type rules, the reference of
+    tests/unit/test_filter_sql92.py) pulled from any member: exactly the messages the reference
+    matches; an expression RocketMQ's parser refuses is a 400 naming filterExpression."""
+    tree, text = realize(spec)
+    if tree is not None:
+        try:
+            tree = as_bool(tree)
+        except ParseRefused:
+            tree = None
+    addr = brokers.live_addrs()[member % len(brokers.live_addrs())]
+    if tree is None:
+        r = httpx.get(
+            f"http://{addr}/topics/mm-filter-h/queues/0/messages",
+            params={"offset": 0, "filterType": "SQL92", "filterExpression": text},
+            timeout=10,
+        )
+        assert r.status_code == 400 and r.json()["field"] == "filterExpression", (text, r.text)
+        return
+    got = brokers.read_all("mm-filter-h", addr=addr, filterType="SQL92", filterExpression=text)
+    expected = {body for body, props in filter_corpus.items() if ref_matches(tree, props)}
+    assert sorted(body_of(m) for m in got) == sorted(expected), text
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    tags=st.lists(st.sampled_from([*FILTER_TAGS, "none-such"]), min_size=1, max_size=3),
+    member=st.integers(0, 2),
+)
+def test_tag_pull_agrees_with_tag_membership(
+    brokers: SetUnderTest, filter_corpus: dict[str, dict[str, str]], tags: list[str], member: int
+) -> None:
+    addr = brokers.live_addrs()[member % len(brokers.live_addrs())]
+    got = brokers.read_all("mm-filter-h", addr=addr, filterType="TAG", filterExpression=" || ".join(tags))
+    expected = {body for body, props in filter_corpus.items() if props.get("TAGS") in tags}
+    assert sorted(body_of(m) for m in got) == sorted(expected), tags
+    everything = brokers.read_all("mm-filter-h", addr=addr, filterType="TAG", filterExpression="*")
+    assert len(everything) == len(filter_corpus)
+
+
+def test_filtered_group_consumption_across_a_master_sigkill(
+    brokers: SetUnderTest, filter_corpus: dict[str, dict[str, str]]
+) -> None:
+    """A consumer group receiving with a SQL92 filter while the master is SIGKILLed mid-way: every
+    matching message is delivered (at least once: in-flight receipts come back after a failover),
+    never one that does not match, and the group's offsets end past the skipped ones."""
+    a_positive = ("CMP", ">", Prop("a"), Const(JVal("I", 0)))
+    not_abc = ("CMP", "<>", Prop("TAGS"), Const(JVal("S", "abc")))
+    tree, expression = realize(
+        ("LOGIC", "AND", ("LOGIC", "OR", a_positive, ("ISNULL", Prop("b"), False)), not_abc)
+    )
+    expected = {body for body, props in filter_corpus.items() if ref_matches(tree, props)}
+    assert 10 < len(expected) < len(filter_corpus)
+    got: set[str] = set()
+    killed = ""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (got != expected or not killed):
+        r = brokers.request(
+            "POST",
+            "/consumers/mm-filter-hg/receive",
+            json={
+                "topic": "mm-filter-h",
+                "maxMessages": 8,
+                "invisibleMs": 3000,
+                "waitMs": 200,
+                "filterType": "SQL92",
+                "filterExpression": expression,
+            },
+        )
+        assert r.status_code == 200, r.text
+        batch = r.json()["messages"]
+        assert {body_of(m) for m in batch} <= expected, "a message the filter does not match"
+        got |= {body_of(m) for m in batch}
+        if batch:
+            brokers.request(
+                "POST",
+                "/consumers/mm-filter-hg/ack",
+                json={"topic": "mm-filter-h", "receiptHandles": [m["receiptHandle"] for m in batch]},
+            )
+        if not killed and len(got) >= len(expected) // 2:
+            killed = brokers.kill_master()
+    assert killed and got == expected
+    brokers.restart(killed)
+
+    def caught_up() -> bool:
+        r = brokers.request("GET", "/consumers/mm-filter-hg/offsets", params={"topic": "mm-filter-h"})
+        return all(row["lag"] == 0 for row in r.json()["offsets"])
+
+    wait_for(caught_up, 20, "the group's offsets past every skipped message")
+
+
 # ---- FIFO -------------------------------------------------------------------------------------
 
 
@@ -470,6 +608,8 @@ def test_transactions_commit_rollback_and_check_back(brokers: SetUnderTest) -> N
         20,
         "the discard",
     )
+    discarded = brokers.request("GET", f"/topics/mm-tx/transactions/{ids['abandoned']}").json()
+    assert discarded["checkTimes"] == 3  # asked exactly transactionCheckMax times, unanswered each time
     assert end(brokers, ids["abandoned"], "commit").status_code == 409
     assert sorted(body_of(m) for m in brokers.read_all("mm-tx")) == ["checked", "commit"]
 
@@ -542,6 +682,52 @@ def test_a_delayed_or_transactional_message_keeps_its_message_id_from_send_to_de
                 received[body_of(m)] = m["messageId"]
     assert received == {"later": later["messageId"], "tx": committed["messageId"]}
     assert by_id(brokers.master(), "0" * 32).status_code == 404
+
+
+_CRASHING_PRODUCER = """
+import os, signal, sys
+import httpx
+msg = {"body": "crashed-before-commit", "transactional": True, "producerGroup": "pg-crash",
+       "properties": {"CHECK_IMMUNITY_TIME_IN_SECONDS": "4"}}
+r = httpx.post(sys.argv[1], json={"messages": [msg]}, timeout=10)
+print(r.json()["results"][0]["transactionId"], flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # between its half message and its commit
+"""
+
+
+def test_a_producer_crash_between_half_and_commit_is_resolved_by_the_check_back_after_a_failover(
+    brokers: SetUnderTest,
+) -> None:
+    """A producer process sends a half and is SIGKILLed before its commit; the master is SIGKILLed
+    too before the check-back is due. The new master asks the producer group (its restarted
+    instance, long-polling the checks) and its commit makes the message visible, once, on every
+    member."""
+    brokers.topic("mm-tx-crash", "TRANSACTION", queues=2)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CRASHING_PRODUCER, brokers.url("/topics/mm-tx-crash/messages")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    txid = proc.stdout.strip()
+    assert brokers.read_all("mm-tx-crash") == []
+    killed = brokers.kill_master()
+    brokers.refresh()
+    check = None
+    deadline = time.monotonic() + 30
+    while check is None and time.monotonic() < deadline:
+        r = brokers.request("GET", "/producers/pg-crash/transaction-checks", params={"waitMs": 1000})
+        check = next((c for c in r.json()["checks"] if c["transactionId"] == txid), None)
+    assert check is not None and body_of(check["message"]) == "crashed-before-commit"
+    r = brokers.request(
+        "POST", f"/topics/mm-tx-crash/transactions/{txid}/commit", json={"fromTransactionCheck": True}
+    )
+    assert r.status_code == 200 and r.json()["state"] == "COMMITTED", r.text
+    brokers.restart(killed)
+    for addr in brokers.addrs.values():
+        got = wait_for(lambda a=addr: brokers.read_all("mm-tx-crash", addr=a), 15, f"the commit at {addr}")
+        assert [body_of(m) for m in got] == ["crashed-before-commit"], addr
 
 
 # ---- a master SIGKILL in the middle of all of it ------------------------------------------------
