@@ -1,6 +1,8 @@
 """The broker's HTTP hot path in one process, without sockets or load generators: CPU microseconds
-per request for a produce of 100 x 1 KB and a pull of 256, through the ASGI app (HotPath, the
-services, the codec) on a real local-mode store in a temporary directory.
+per request for a produce of 100 x 1 KB, the same with an SDK-shaped idempotency key on every
+message (a fresh one each: the key table fills as it does behind the SDK), and a pull of 256,
+through the ASGI app (HotPath, the services, the codec) on a real local-mode store in a temporary
+directory.
 
 What it isolates: the cost of the HTTP layer and the services above the store — the part a
 refactor of broker/http or broker/service can change — with no network, client or replication
@@ -16,7 +18,11 @@ Prints one line per round and writes bench/results/hotpath_bench.json.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import itertools
 import json
+import os
+import socket
 import statistics
 import sys
 import tempfile
@@ -60,32 +66,58 @@ def _build_app(controller: Any) -> Asgi:
     return create_app(BrokerServices.create(controller))
 
 
-async def _round(requests: int) -> dict[str, float]:
+def _config(tmp: str, dledger: bool) -> Any:
     from broker.config import BrokerConfig
+
+    if not dledger:
+        return BrokerConfig(store_path_root_dir=tmp, default_topic_queue_nums=1)
+    with socket.socket() as s:  # the member's DLedger listener: a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return BrokerConfig(
+        store_path_root_dir=tmp, default_topic_queue_nums=1, enable_dledger_commit_log=True,
+        dledger_group="bench", dledger_peers=f"n0-127.0.0.1:{port}", dledger_self_id="n0",
+    )
+
+
+async def _round(requests: int, dledger: bool) -> dict[str, float]:
     from broker.controller import BrokerController
 
     with tempfile.TemporaryDirectory(prefix="hotpath-bench-") as tmp:
-        controller = BrokerController(BrokerConfig(store_path_root_dir=tmp, default_topic_queue_nums=1))
+        controller = BrokerController(_config(tmp, dledger))
         app = _build_app(controller)
         await controller.start()
+        deadline = time.monotonic() + 30
+        while not controller.is_master:  # a one-member group elects itself
+            if time.monotonic() > deadline:
+                raise RuntimeError("the one-member DLedger group elected no master in 30 s")
+            await asyncio.sleep(0.05)
         statuses: set[int] = set()
 
         async def send(msg: dict) -> None:
             if msg["type"] == "http.response.start":
                 statuses.add(msg["status"])
 
-        body = orjson.dumps({"messages": [{"body": "x" * 1024} for _ in range(100)]})
-        produce_scope = _scope(
-            "POST", "/topics/t/messages", headers=((b"content-length", b"%d" % len(body)),)
-        )
+        plain = orjson.dumps({"messages": [{"body": "x" * 1024} for _ in range(100)]})
+        # The SDK's shape: a random 64-bit producer prefix + a counter, 32 lower-case hex digits.
+        keyed_part = b'{"body":"' + b"x" * 1024 + b'","bodyEncoding":"utf-8","idempotencyKey":"%s%016x"}'
+        prefix = os.urandom(8).hex().encode()
+        keys = itertools.count()
 
-        async def produce() -> None:
+        def keyed() -> bytes:
+            return b'{"messages":[' + b",".join(keyed_part % (prefix, next(keys)) for _ in range(100)) + b"]}"
+
+        async def produce(path: str, body: bytes) -> float:
+            """One produce; the CPU seconds the app spent on it."""
             chunks = [{"type": "http.request", "body": body, "more_body": False}]
 
             async def receive() -> dict:
                 return chunks.pop() if chunks else {"type": "http.disconnect"}
 
-            await app(dict(produce_scope), receive, send)
+            scope = _scope("POST", path, headers=((b"content-length", b"%d" % len(body)),))
+            t0 = time.process_time()
+            await app(scope, receive, send)
+            return time.process_time() - t0
 
         async def pull(offset: int) -> None:
             async def receive() -> dict:
@@ -95,12 +127,15 @@ async def _round(requests: int) -> dict[str, float]:
             await app(_scope("GET", "/topics/t/queues/0/messages", query), receive, send)
 
         try:
-            for _ in range(20):  # warm-up: topic auto-created, first files mapped
-                await produce()
-            t0 = time.process_time()
+            for _ in range(20):  # warm-up: topics auto-created, first files mapped
+                await produce("/topics/t/messages", plain)
+                await produce("/topics/k/messages", keyed())
+            # Plain and keyed interleaved, so a change in the machine's load hits both alike.
+            plain_s = keyed_s = 0.0
             for _ in range(requests):
-                await produce()
-            produce_us = (time.process_time() - t0) / requests * 1e6
+                plain_s += await produce("/topics/t/messages", plain)
+                keyed_s += await produce("/topics/k/messages", keyed())
+            produce_us, keyed_us = plain_s / requests * 1e6, keyed_s / requests * 1e6
             stored = (requests + 20) * 100
             pulls = 0
             t0 = time.process_time()
@@ -112,23 +147,32 @@ async def _round(requests: int) -> dict[str, float]:
             await controller.shutdown()
         if statuses != {200}:
             raise RuntimeError(f"unexpected answers: {sorted(statuses)}")
-        return {"produce_batch100_cpu_us": produce_us, "pull256_cpu_us": pull_us}
+        return {
+            "produce_batch100_cpu_us": produce_us,
+            "produce_keyed_batch100_cpu_us": keyed_us,
+            "keyed_vs_plain": keyed_us / produce_us,
+            "pull256_cpu_us": pull_us,
+        }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=1500, help="produce requests per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--dledger", action="store_true",
+        help="a one-member DLedger group (the commit log of a broker set) instead of a local store",
+    )
     args = ap.parse_args(argv)
     rounds = []
     for i in range(args.rounds):
-        r = uvloop.run(_round(args.requests))
+        r = uvloop.run(_round(args.requests, args.dledger))
         rounds.append(r)
-        print(f"round {i + 1}: " + "  ".join(f"{k} {v:.0f}" for k, v in r.items()), flush=True)
+        print(f"round {i + 1}: " + "  ".join(f"{k} {v:.4g}" for k, v in r.items()), flush=True)
     report = {
         "config": vars(args),
         "rounds": rounds,
-        "median": {k: round(statistics.median(r[k] for r in rounds)) for k in rounds[0]},
+        "median": {k: round(statistics.median(r[k] for r in rounds), 2) for k in rounds[0]},
     }
     print("median: " + "  ".join(f"{k} {v}" for k, v in report["median"].items()))
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -278,15 +278,24 @@ def plain_tail_signature(topic_raw: bytes) -> tuple[bytes, int]:
 
 _KEYED_HEAD = f"{PROPERTY_IDEMPOTENCY_KEY}{NAME_VALUE_SEPARATOR}".encode()
 _KEYED_UNIQ = (PROPERTY_SEPARATOR + PROPERTY_UNIQ_KEY + NAME_VALUE_SEPARATOR).encode()
+KEYED_UNIQ_MARK = _KEYED_UNIQ  # between the key and the UNIQ_KEY of the SDK's shape
 _KEYED_TAIL_LEN = len(_KEYED_UNIQ) + 32 + 1  # \x02UNIQ_KEY\x01, 32 hex digits, \x02
+# The properties of a message with just an idempotency key, as `properties_to_bytes` writes them
+# (`all_properties` puts the key before the generated UNIQ_KEY): the key, then the UNIQ_KEY counter.
+_KEYED_PROPERTIES = _KEYED_HEAD + b"%s" + _KEYED_UNIQ + _UNIQ_PREFIX.encode() + b"%016X" + _UNIQ_ONLY_TAIL
+# `encode_batch` writes a message with a key itself when the key is ASCII (its UTF-8 is its
+# characters), at most this long, and has no property separator (`encode_message` refuses those).
+_KEYED_MAX_LENGTH = 1024
 
 
-def keyed_plain_key(data: bytes | memoryview, topic_at: int, msg_end: int, topic_field: bytes) -> str | None:
-    """The idempotency key of the message ending at `msg_end` whose topic field (length byte and
-    name) is at `topic_at`, if that field is `topic_field` and the message's only properties are
-    IDEMPOTENCY_KEY then UNIQ_KEY, as `encode_message` writes them for a message with just a key
-    (the SDK's shape); else None. Exactly two of each separator, so `bytes_to_properties` would
-    read the same key."""
+def keyed_plain_key(
+    data: bytes | memoryview, topic_at: int, msg_end: int, topic_field: bytes
+) -> bytes | None:
+    """The idempotency key (its UTF-8 bytes) of the message ending at `msg_end` whose topic field
+    (length byte and name) is at `topic_at`, if that field is `topic_field` and the message's only
+    properties are IDEMPOTENCY_KEY then UNIQ_KEY, as `encode_message` writes them for a message
+    with just a key (the SDK's shape); else None. Exactly two of each separator, so
+    `bytes_to_properties` would read the same key."""
     tf_end = topic_at + len(topic_field)
     props_at = tf_end + 2
     if data[topic_at:tf_end] != topic_field or _SHORT.unpack_from(data, tf_end)[0] != msg_end - props_at:
@@ -302,7 +311,16 @@ def keyed_plain_key(data: bytes | memoryview, topic_at: int, msg_end: int, topic
         or props[-1] != 2
     ):
         return None
-    return str(props[len(_KEYED_HEAD):key_end], "utf-8", "replace")
+    return props[len(_KEYED_HEAD):key_end]
+
+
+def keyed_signature(topic_field: bytes, key_len: int) -> tuple[bytes, int, int]:
+    """What follows the body of a message of the topic stored as `topic_field` (length byte and
+    name) whose only properties are an idempotency key of `key_len` UTF-8 bytes then a generated
+    UNIQ_KEY (the SDK's shape), up to the key: (those bytes, their length = where the key starts,
+    `key_len`). The dispatcher tells such messages by one comparison and reads the key after it."""
+    sig = topic_field + _SHORT.pack(len(_KEYED_HEAD) + key_len + _KEYED_TAIL_LEN) + _KEYED_HEAD
+    return sig, len(sig), key_len
 
 
 @functools.lru_cache(maxsize=10_000)
@@ -372,8 +390,9 @@ def encode_message(msg: Message, *, queue_id: int, queue_offset: int, phys_offse
 def encode_batch(msgs: list[Message], *, queue_id: int, store_host: str,
                  max_message_size: int = 4 * 1024 * 1024) -> list[bytearray]:
     """`encode_message` for each of `msgs` (queue offset and physical offset 0, to be stamped),
-    in one tight loop for the bulk shape (no tags/keys/properties/idempotency key); any other
-    message goes through `encode_message`. Same bytes, same errors."""
+    in one tight loop for the bulk shapes (no tags/keys/properties; an idempotency key or not:
+    every SDK message has one); any other message goes through `encode_message`. Same bytes,
+    same errors."""
     out: list[bytearray] = []
     store_ip, store_port = pack_host(store_host)
     now = int(time.time() * 1000)
@@ -384,10 +403,18 @@ def encode_batch(msgs: list[Message], *, queue_id: int, store_host: str,
     last_topic: str | None = None
     tail = b""  # per topic: topic field, properties length, UNIQ_KEY up to its per-message counter
     tail_len = fixed = 0
+    topic_f = b""
+    # per topic and key length: topic field, properties length, the key's name, a slot for the
+    # key, UNIQ_KEY up to a slot for its per-message counter
+    keyed_tail = b""
+    keyed_len = -1
     last_born: str | None = None
     born_ip, born_port = b"\0\0\0\0", 0
     for msg in msgs:
-        if msg.tags or msg.keys or msg.properties or msg.idempotency_key:
+        key = msg.idempotency_key
+        if msg.tags or msg.keys or msg.properties or (key and not (
+            len(key) <= _KEYED_MAX_LENGTH and key.isascii() and "\x01" not in key and "\x02" not in key
+        )):
             out.append(encode_message(msg, queue_id=queue_id, queue_offset=0, phys_offset=0,
                                       store_host=store_host, max_message_size=max_message_size))
             continue
@@ -395,8 +422,9 @@ def encode_batch(msgs: list[Message], *, queue_id: int, store_host: str,
             topic_f = _topic_field(msg.topic)
             tail = topic_f + _SHORT.pack(uniq_len) + _UNIQ_PROPS_HEAD
             tail_len = len(tail)
-            fixed = FIXED_OVERHEAD - 1 + len(topic_f) + uniq_len
+            fixed = FIXED_OVERHEAD - 1 + len(topic_f)
             last_topic = msg.topic
+            keyed_len = -1
         if msg.born_host != last_born:
             born_ip, born_port = pack_host(msg.born_host)
             last_born = msg.born_host
@@ -404,14 +432,26 @@ def encode_batch(msgs: list[Message], *, queue_id: int, store_host: str,
         nb = len(body)
         if nb > max_message_size:
             raise _too_large(nb, max_message_size)
-        total = fixed + nb
+        if key:  # the SDK's shape: = properties_to_bytes({IDEMPOTENCY_KEY: key, UNIQ_KEY: new one})
+            if len(key) != keyed_len:
+                keyed_len = len(key)
+                props_len = len(_KEYED_HEAD) + keyed_len + _KEYED_TAIL_LEN
+                # (a '%' in the topic is a literal, not a conversion)
+                keyed_tail = (topic_f + _SHORT.pack(props_len)).replace(b"%", b"%%") + _KEYED_PROPERTIES
+            tail_bytes = keyed_tail % (key.encode(), next(counter) & 0xFFFFFFFFFFFFFFFF)
+            total = FIXED_OVERHEAD - 3 + nb + len(tail_bytes)  # less the topic's and properties' lengths
+        else:
+            total = fixed + nb + uniq_len
         buf = bytearray(total)
         pack_into(buf, 0, total, MESSAGE_MAGIC_CODE, crc32(body) & 0x7FFFFFFF, queue_id, msg.flag, 0, 0, 0,
                   msg.born_timestamp or now, born_ip, born_port, now, store_ip, store_port, 0, 0, nb)
         pos = body_at + nb
         buf[body_at:pos] = body
-        buf[pos:pos + tail_len] = tail
-        buf[pos + tail_len:] = _UNIQ_SUFFIX % (next(counter) & 0xFFFFFFFFFFFFFFFF)  # _uniq_only_properties
+        if key:
+            buf[pos:] = tail_bytes
+        else:  # = _uniq_only_properties()
+            buf[pos:pos + tail_len] = tail
+            buf[pos + tail_len:] = _UNIQ_SUFFIX % (next(counter) & 0xFFFFFFFFFFFFFFFF)
         out.append(buf)
     return out
 

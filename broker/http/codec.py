@@ -40,7 +40,6 @@ from broker.service.validation import (
     check_properties,
     check_queue_id,
     check_text,
-    plain_key,
 )
 
 # The typed fields of a message (the message model: delay, FIFO, transactions), mapped onto
@@ -157,25 +156,33 @@ def parse_produce_json(
     msgs: list[Message] = []
     queues: list[int | None] = []
     for i, item in enumerate(items):
-        if (
-            type(item) is dict
-            and type(item.get("body")) is str
-            and (
-                len(item) == 1
-                or (item.keys() <= _SDK_FIELDS and item.get("bodyEncoding", "utf-8") == "utf-8")
-            )
-        ):
-            # The common bulk shapes: {"body": "..."}, and the SDK's, with bodyEncoding utf-8 and
-            # an idempotency key. The key gets `check_text`'s checks; it names the error if any.
-            idem = item.get("idempotencyKey")
-            if idem is not None and not plain_key(idem):
-                idem = check_text(idem, f"messages[{i}].idempotencyKey", MAX_IDEMPOTENCY_KEY_LENGTH)
-            data = item["body"].encode("utf-8")
-            if len(data) > max_message_size:
-                check_body_size(len(data), max_message_size, f"messages[{i}].body")
-            msgs.append(Message(topic, data, None, None, None, 0, idem, now, born_host))
-            queues.append(None)
-            continue
+        # The common bulk shapes: {"body": "..."}, and the SDK's {body, bodyEncoding: utf-8,
+        # idempotencyKey} (or a subset of it). A key that is not a plain one goes to
+        # `check_text`, which names the error.
+        if type(item) is dict and type(body := item.get("body")) is str:
+            n = len(item)
+            if n == 1:
+                idem = None
+            elif (
+                item.get("bodyEncoding") == "utf-8" and "idempotencyKey" in item
+                if n == 3
+                else item.keys() <= _SDK_FIELDS and item.get("bodyEncoding", "utf-8") == "utf-8"
+            ):
+                idem = item.get("idempotencyKey")
+                if idem is not None and (
+                    type(idem) is not str or len(idem) > MAX_IDEMPOTENCY_KEY_LENGTH or "\x01" in idem
+                    or "\x02" in idem
+                ):
+                    idem = check_text(idem, f"messages[{i}].idempotencyKey", MAX_IDEMPOTENCY_KEY_LENGTH)
+            else:
+                n = 0
+            if n:
+                data = body.encode("utf-8")
+                if len(data) > max_message_size:
+                    check_body_size(len(data), max_message_size, f"messages[{i}].body")
+                msgs.append(Message(topic, data, None, None, None, 0, idem, now, born_host))
+                queues.append(None)
+                continue
         msg, qid = _full_message(item, f"messages[{i}]", topic, max_message_size, born_host, now)
         msgs.append(msg)
         queues.append(qid)

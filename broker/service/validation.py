@@ -42,16 +42,6 @@ def check_body_size(size: int, max_message_size: int, field: str) -> None:
         )
 
 
-def plain_key(value: Any) -> bool:
-    """An idempotency key `check_text` would accept as it is (the bulk path's quick test)."""
-    return (
-        type(value) is str
-        and len(value) <= MAX_IDEMPOTENCY_KEY_LENGTH
-        and "\x01" not in value
-        and "\x02" not in value
-    )
-
-
 def check_text(value: Any, field: str, max_len: int) -> str | None:
     """An optional string of at most `max_len` characters without the property separators
     (tags, idempotency key)."""

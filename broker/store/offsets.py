@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
@@ -144,27 +144,17 @@ class ConsumerOffsetManager:
                        for g, t, qs in snapshot or ()}
 
 
-_TS_BITS = 48  # store timestamps in ms: good until the year 10889
-_TS_MASK = (1 << _TS_BITS) - 1
-_U16 = 0xFFFF
-_U32 = 0xFFFFFFFF
-_U64 = (1 << 64) - 1
-
-
-_HEX32 = re.compile(r"[0-9a-f]{32}").fullmatch
-
-
-def _compact_key(key: str) -> str | int:
-    """A 32-digit lower-case hex key (the SDK's uuid4) as its 128-bit int (44 bytes instead of 81).
-    Only that exact shape converts, so two different strings never map to one int."""
-    if len(key) == 32 and _HEX32(key):
-        return int(key, 16)
-    return key
+# A held result in 30 bytes (a 63-byte object, the allocator's 64-byte class): the store timestamp
+# (ms, 48 bits) with the index of the store host in the table's interned hosts above it (the msgId's
+# first 16 hex digits), the commit-log offset, the queue offset, the size, the queue id.
+_RESULT = struct.Struct("<QQQIH")
+_TS_MASK = (1 << 48) - 1
+_MAX_HOSTS = 1 << 16
 
 
 class _Bucket:
-    """Keys remembered over one stretch of time: {topic: {key: packed result}}, and the newest
-    store timestamp among them (the bucket is dropped once that is older than the window)."""
+    """Keys first remembered over one stretch of time: {topic: {key: packed result}}, and the
+    newest store timestamp among them (the bucket is dropped whole once that is past the window)."""
 
     __slots__ = ("count", "keys", "newest_ms", "start_ms")
 
@@ -172,23 +162,27 @@ class _Bucket:
         self.start_ms = start_ms
         self.newest_ms = start_ms
         self.count = 0
-        self.keys: dict[str, dict[str | int, int]] = {}
+        self.keys: dict[str, dict[bytes, bytes]] = {}
 
 
 class IdempotencyTable:
     """(topic, idempotency key) → the first put's `PutResult`, kept for `window_ms` and for at most
     `max_keys` keys (the oldest go first beyond that, counted in `evicted`).
 
-    Sized for the SDK, which puts a key on every message: at 5,000 msgs/s a 5-minute window is
-    1.5 million keys on every member. Keys live in buckets nested by topic (no tuple per key); a
-    bucket covers 1/8 of the window and at most 1/16 of `max_keys`, and is always dropped whole:
-    once its newest key is older than the window, or as the oldest when the table is full (so no
-    dict is ever left holding the holes of deleted keys). A result is one packed int (the msgId's
-    host prefix is interned), a 32-digit hex key its int: ~133 bytes per key (tracemalloc) where a
-    tuple of objects took ~570; ~150 of resident memory in steady state (149 MB at 1,000,000 keys)."""
+    Sized and timed for the SDK, which puts a key on every message: at 5,000 msgs/s a 5-minute
+    window is 1.5 million keys on every member, each looked up by the put and remembered by every
+    member's dispatcher. Keys live in buckets nested by topic (no tuple per key); a bucket covers
+    1/8 of the window and at most 1/4 of `max_keys`, and is always dropped whole: once its newest
+    key is older than the window, or as the oldest when the table is full (so no dict is ever left
+    holding the holes of deleted keys). A key is held as its UTF-8 bytes — what the dispatcher
+    reads from the log, with no conversion — and a result as one packed `_RESULT` (the store host
+    interned). A lookup probes the topic's buckets, newest first, so buckets are few and large;
+    the put and the dispatcher look up and remember a whole batch per call.
+    Callers: the put (`first_results`), the dispatchers and recovery (`remember_run`,
+    `remember_stored`), lookups by id (`get`)."""
 
     BUCKETS_PER_WINDOW = 8
-    BUCKETS_PER_MAX_KEYS = 16
+    BUCKETS_PER_MAX_KEYS = 4
 
     def __init__(self, window_ms: int, max_keys: int = 1_000_000) -> None:
         self.window_ms = window_ms
@@ -198,94 +192,131 @@ class IdempotencyTable:
         self._bucket_keys = max(1, max_keys // self.BUCKETS_PER_MAX_KEYS)
         self._buckets: list[_Bucket] = []  # oldest first
         self._size = 0
-        self._prefixes: list[str] = []
-        self._prefix_ids: dict[str, int] = {}
+        self._hosts: list[str] = []  # interned store hosts, as msgId prefixes
+        self._host_ids: dict[bytes, int] = {}
         self._last_evict_log = 0.0
 
-    def _find(self, topic: str, key: str | int) -> int | None:
-        for bucket in reversed(self._buckets):  # newest first: a retry is usually recent
-            keys = bucket.keys.get(topic)
-            if keys is not None:
-                packed = keys.get(key)
-                if packed is not None:
-                    return packed
-        return None
+    def _held(self, topic: str) -> list[dict[bytes, bytes]]:
+        """The topic's keys in each bucket, newest first (a retry is usually recent)."""
+        return [keys for b in reversed(self._buckets) if (keys := b.keys.get(topic)) is not None]
 
     def get(self, topic: str, key: str, now_ms: int | None = None) -> PutResult | None:
-        packed = self._find(topic, _compact_key(key))
-        if packed is None:
+        """The first result of `key` on `topic`, if it was stored within the window."""
+        k = key.encode("utf-8", "surrogatepass")
+        for keys in self._held(topic):
+            packed = keys.get(k)
+            if packed is not None:
+                return self._result(packed, now_ms)
+        return None
+
+    def first_results(self, topic: str, keys: list[str]) -> dict[int, PutResult] | None:
+        """{i: first result} for the `keys[i]` stored within the window; None when there is none
+        (a put's new keys, the common case)."""
+        held = self._held(topic)
+        if not held:
             return None
-        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        if now_ms - (packed & _TS_MASK) > self.window_ms:
-            return None
-        return self._unpack(packed)
+        hits = None
+        for i, key in enumerate(keys):
+            k = key.encode("utf-8", "surrogatepass")
+            for bucket_keys in held:
+                packed = bucket_keys.get(k)
+                if packed is not None:
+                    result = self._result(packed, None)
+                    if result is not None:
+                        if hits is None:
+                            hits = {}
+                        hits[i] = result
+                    break
+        return hits
 
     def remember(self, topic: str, key: str, result: PutResult, store_ts_ms: int) -> None:
         """Record the first result of a key (a later duplicate in the log never overwrites it)."""
-        # msgId = store host (16 hex digits: few distinct values) + the commit-log offset, as
-        # `create_message_id` makes it, so the offset part is not stored twice.
-        self.remember_parts(topic, key, result.msg_id[:16], result.queue_id, result.queue_offset,
-                            result.commit_log_offset, result.store_size, store_ts_ms)
+        # msgId = store host (16 hex digits) + the commit-log offset, as `create_message_id` makes
+        # it: the host is interned, the offset is not stored twice.
+        self.remember_stored(topic, key.encode("utf-8", "surrogatepass"), bytes.fromhex(result.msg_id[:16]),
+                             result.queue_id, result.queue_offset, result.commit_log_offset,
+                             result.store_size, store_ts_ms)
 
-    def remember_parts(self, topic: str, key: str, id_prefix: str, queue_id: int, queue_offset: int,
-                       phys: int, size: int, store_ts_ms: int) -> None:
-        """`remember` from the parts of a result (the dispatcher has them; no PutResult or msgId
-        string is built for a key already held). `id_prefix`: `message_id_prefix(store host)`."""
+    def remember_stored(self, topic: str, key: bytes, host: bytes, queue_id: int, queue_offset: int,
+                        phys: int, size: int, store_ts_ms: int) -> None:
+        """`remember` from a stored message's fields (what the dispatcher has: no PutResult or
+        msgId is built): `key` its UTF-8, `host` the store host's 8 bytes (IPv4, port)."""
+        self.remember_run(topic, queue_id, store_ts_ms, host, [key], queue_offset, [(phys, size)], [0])
+
+    def remember_run(self, topic: str, queue_id: int, store_ts_ms: int, host: bytes, keys: list[bytes],
+                     first_queue_offset: int, units: list[tuple[int, int]], at: list[int]) -> None:
+        """`remember_stored` for keyed messages of one dispatched run of a queue, in log order,
+        stored at one instant by one host: `keys[i]` is the message stored as `units[at[i]]`
+        (commit-log offset, size) at queue offset `first_queue_offset + at[i]`. The per-message
+        work is the probes and an insert; the rest is done once."""
         if self.window_ms <= 0:
             return
-        k = _compact_key(key)
-        if self._find(topic, k) is not None:
-            return
-        buckets = self._buckets
-        bucket = buckets[-1] if buckets else None
-        if (
-            bucket is None
-            or bucket.count >= self._bucket_keys
-            or store_ts_ms >= bucket.start_ms + self._bucket_ms
-        ):
-            bucket = _Bucket(store_ts_ms)
-            buckets.append(bucket)
-            self._expire(store_ts_ms)
-        elif store_ts_ms > bucket.newest_ms:
-            bucket.newest_ms = store_ts_ms
-        keys = bucket.keys.get(topic)
-        if keys is None:
-            keys = bucket.keys[topic] = {}
-        pid = self._prefix_ids.get(id_prefix)
-        if pid is None:
-            pid = self._prefix_ids[id_prefix] = len(self._prefixes)
-            self._prefixes.append(id_prefix)
-        keys[k] = (
-            (store_ts_ms & _TS_MASK)
-            | (queue_id & _U16) << 48
-            | (pid & _U16) << 64
-            | (size & _U32) << 80
-            | (queue_offset & _U64) << 112
-            | (phys & _U64) << 176
-        )
-        bucket.count += 1
-        self._size += 1
-        if self._size > self.max_keys:
+        hid = self._host_ids.get(host)
+        if hid is None:
+            hid = self._host_id(host)
+        bucket = self._buckets[-1] if self._buckets else None
+        if bucket is not None and store_ts_ms < bucket.start_ms + self._bucket_ms:
+            if store_ts_ms > bucket.newest_ms:
+                bucket.newest_ms = store_ts_ms
+        else:
+            bucket = self._new_bucket(store_ts_ms)
+        held = self._held(topic)  # after any expiry
+        into = bucket.keys.get(topic)
+        if into is None:
+            into = bucket.keys[topic] = {}
+            held.insert(0, into)
+        stamp = (store_ts_ms & _TS_MASK) | hid << 48
+        room = self._bucket_keys - bucket.count
+        added = 0
+        pack = _RESULT.pack
+        for key, j in zip(keys, at, strict=True):
+            for bucket_keys in held:
+                if key in bucket_keys:
+                    break
+            else:
+                if added == room:  # the bucket is full: the rest go to a new one
+                    bucket.count += added
+                    self._size += added
+                    bucket = self._new_bucket(store_ts_ms)
+                    into = bucket.keys[topic] = {}
+                    held = self._held(topic)
+                    room, added = self._bucket_keys, 0
+                phys, size = units[j]
+                into[key] = pack(stamp, phys, first_queue_offset + j, size, queue_id)
+                added += 1
+        bucket.count += added
+        self._size += added
+        while self._size > self.max_keys:
             self._evict_oldest()
 
-    def _unpack(self, v: int) -> PutResult:
-        phys = v >> 176
-        return PutResult(
-            f"{self._prefixes[(v >> 64) & _U16]}{phys:016X}",
-            (v >> 48) & _U16,
-            (v >> 112) & _U64,
-            phys,
-            (v >> 80) & _U32,
-        )
+    def _host_id(self, host: bytes) -> int:
+        if len(self._hosts) == _MAX_HOSTS:  # a set's store hosts are its members: never in practice
+            log.warning("event=idempotency_hosts_reset hosts=%d", len(self._hosts))
+            self.evicted += self._size
+            self._buckets, self._size = [], 0
+            self._hosts, self._host_ids = [], {}
+        hid = self._host_ids[host] = len(self._hosts)
+        self._hosts.append(host.hex().upper())
+        return hid
 
-    def _expire(self, now_ms: int) -> None:
+    def _result(self, packed: bytes, now_ms: int | None) -> PutResult | None:
+        stamp, phys, queue_offset, size, queue_id = _RESULT.unpack(packed)
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        if now_ms - (stamp & _TS_MASK) > self.window_ms:
+            return None
+        return PutResult(f"{self._hosts[stamp >> 48]}{phys:016X}", queue_id, queue_offset, phys, size)
+
+    def _new_bucket(self, start_ms: int) -> _Bucket:
+        bucket = _Bucket(start_ms)
+        self._buckets.append(bucket)
         # Whole buckets whose newest key is older than the window (replay at start may insert
         # out of time order, so every bucket is checked; there are few).
-        limit = now_ms - self.window_ms
+        limit = start_ms - self.window_ms
         live = [b for b in self._buckets if b.newest_ms >= limit]
         if len(live) != len(self._buckets):
             self._size -= sum(b.count for b in self._buckets if b.newest_ms < limit)
             self._buckets = live
+        return bucket
 
     def _evict_oldest(self) -> None:
         # Full: the oldest bucket goes whole (at most 1/16 of max_keys), before its window ends.
@@ -310,8 +341,10 @@ class IdempotencyTable:
         for bucket in self._buckets:
             for topic, keys in bucket.keys.items():
                 for k, v in keys.items():
-                    key = f"{k:032x}" if isinstance(k, int) else k
-                    out.append((topic, key, self._unpack(v), v & _TS_MASK))
+                    stamp, phys, queue_offset, size, queue_id = _RESULT.unpack(v)
+                    result = PutResult(f"{self._hosts[stamp >> 48]}{phys:016X}", queue_id, queue_offset,
+                                       phys, size)
+                    out.append((topic, k.decode("utf-8", "surrogatepass"), result, stamp & _TS_MASK))
         return sorted(out)
 
     def __len__(self) -> int:

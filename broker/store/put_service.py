@@ -15,7 +15,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -41,12 +40,26 @@ log = logging.getLogger("broker.store.message_store")
 _OWN_DISPATCH_WAIT_S = 2.0
 
 
-@dataclass(slots=True)
-class _Pending:
-    """A put in flight for an idempotency key: later duplicates wait on `future`."""
+class _Claim:
+    """The new idempotency keys of one put in flight (one object per put, not per key): a later
+    put of one of them waits on `future`, which resolves to the claiming put's stored results,
+    `keys[j]` being the key of result j (None: a message without a key)."""
 
-    future: asyncio.Future[PutResult] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future())
+    __slots__ = ("future", "keys", "topic")
+
+    def __init__(self, topic: str, keys: list[str | None]) -> None:
+        self.topic = topic
+        self.keys = keys
+        self.future: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
+
+    async def result_of(self, key: str) -> PutResult:
+        """The claiming put's result for `key` (raises what that put raised)."""
+        return (await self.future)[self.keys.index(key)]
+
+
+# A message of a put whose key another put (or an earlier message of this one) is storing: its
+# index, the claim, and the key.
+_Wait = tuple[int, _Claim, str]
 
 
 class SystemWriteGate:
@@ -100,7 +113,7 @@ class PutMessageService:
         self.not_master_error = not_master_error
         self.started = False  # set by the store once it has recovered
         self.system_gate = SystemWriteGate()
-        self._pending: dict[tuple[str, str], _Pending] = {}
+        self._pending: dict[str, dict[str, _Claim]] = {}  # topic → {key: the claim of the put storing it}
         self._round_robin: dict[str, int] = {}
 
     async def put_messages(self, topic: str, msgs: list[Message], queue_id: int | None = None,
@@ -113,27 +126,35 @@ class PutMessageService:
             cfg = await self.topics.writable(topic)
         queue_id = self._choose_queue(cfg, queue_id)
         results: list[PutResult | None] = [None] * len(msgs)
-        waits: list[tuple[int, asyncio.Future[PutResult]]] = []
-        mine: dict[tuple[str, str], _Pending] = {}
-        to_store = self._claim_keys(topic, msgs, results, waits, mine)
+        waits: list[_Wait] = []
+        to_store, claim = self._claim_keys(topic, msgs, results, waits)
         try:
             bufs = self._encode(msgs, to_store, queue_id)
         except BrokerError:
-            for p in mine.values():
-                p.future.cancel()
+            if claim is not None:
+                self._release(claim)
+                claim.future.cancel()
             raise
-        stored = await self._append(topic, queue_id, bufs, mine) if bufs else []
-        now = int(time.time() * 1000)
+        stored = await self._append(topic, queue_id, bufs, claim) if bufs else []
+        if claim is not None:
+            # The dispatcher remembers every key as it dispatches (here: before `_append`
+            # answers); only when it lags are the keys remembered here, so a retry arriving
+            # before the dispatcher catches up finds them.
+            last = stored[-1] if stored else None
+            if last is not None and self.reput.reput_offset < last.commit_log_offset + last.store_size:
+                now = int(time.time() * 1000)
+                for i, res in zip(to_store, stored, strict=True):
+                    key = msgs[i].idempotency_key
+                    if key:
+                        self.idempotency.remember(topic, key, res, now)
+            self._release(claim)
+            claim.future.set_result(stored)
+        if not waits and len(stored) == len(msgs):
+            return stored
         for i, res in zip(to_store, stored, strict=True):
             results[i] = res
-            key = msgs[i].idempotency_key
-            if key:
-                self.idempotency.remember(topic, key, res, now)
-                p = self._pending.pop((topic, key), None)
-                if p is not None and not p.future.done():
-                    p.future.set_result(res)
-        for i, fut in waits:
-            results[i] = await fut
+        for i, held, key in waits:
+            results[i] = await held.result_of(key)
         return [r for r in results if r is not None]
 
     def _writable_topic(self, topic: str, msgs: list[Message], system: bool) -> TopicConfig | None:
@@ -164,26 +185,35 @@ class PutMessageService:
         return cfg.check_write_queue(queue_id)
 
     def _claim_keys(self, topic: str, msgs: list[Message], results: list[PutResult | None],
-                    waits: list[tuple[int, asyncio.Future[PutResult]]],
-                    mine: dict[tuple[str, str], _Pending]) -> list[int]:
+                    waits: list[_Wait]) -> tuple[list[int], _Claim | None]:
         """Sort the batch by idempotency key: a key already stored gets its first result, a key
-        in flight (here or in another put) waits for it, a new key is claimed in `mine`. Returns
-        the indexes of the messages to store."""
+        in flight (in another put, or earlier in this one) waits for it, a new key is claimed.
+        Returns the indexes of the messages to store and this put's claim (None: no new key)."""
+        keyed = [m.idempotency_key for m in msgs]
+        if not any(keyed):
+            return list(range(len(msgs))), None
+        hits = self.idempotency.first_results(topic, [k or "" for k in keyed])
         to_store: list[int] = []
-        for i, m in enumerate(msgs):
-            key = m.idempotency_key
+        claim = _Claim(topic, [])
+        order = claim.keys  # the key of each message to store, in order
+        pending = self._pending.get(topic)
+        if pending is None:
+            pending = self._pending[topic] = {}
+        for i, key in enumerate(keyed):
             if key:
-                hit = self.idempotency.get(topic, key)
-                if hit is not None:
-                    results[i] = hit
+                if hits is not None and i in hits:
+                    results[i] = hits[i]
                     continue
-                pending = self._pending.get((topic, key)) or mine.get((topic, key))
-                if pending is not None:
-                    waits.append((i, pending.future))
+                held = pending.get(key)
+                if held is not None:
+                    waits.append((i, held, key))
                     continue
-                mine[(topic, key)] = _Pending()
+                pending[key] = claim
             to_store.append(i)
-        return to_store
+            order.append(key)
+        if not pending:
+            del self._pending[topic]
+        return to_store, claim
 
     def _encode(self, msgs: list[Message], to_store: list[int], queue_id: int) -> list[bytearray]:
         batch = msgs if len(to_store) == len(msgs) else [msgs[i] for i in to_store]
@@ -194,21 +224,20 @@ class PutMessageService:
                             max_message_size=self.config.max_message_size)
 
     async def _append(self, topic: str, queue_id: int, bufs: list[bytearray],
-                      mine: dict[tuple[str, str], _Pending]) -> list[PutResult]:
-        """Append; if it fails, the puts waiting on keys this one claimed (`mine`) fail with it."""
-        self._pending.update(mine)
+                      claim: _Claim | None) -> list[PutResult]:
+        """Append; if it fails, the puts waiting on keys this one claimed fail with it."""
         try:
             placed = await self.commit_log.put(topic, queue_id, bufs)
         except BrokerError as exc:
             if exc.code != BrokerCode.NOT_MASTER:
-                self._fail_claims(mine, exc)
+                self._fail_claim(claim, exc)
                 raise
             err = self.not_master_error()  # names the master: the store knows the members
             err.detail = f"{err.detail} ({exc.detail})"
-            self._fail_claims(mine, err)
+            self._fail_claim(claim, err)
             raise err from None
         except BaseException as exc:
-            self._fail_claims(mine, BrokerError(
+            self._fail_claim(claim, BrokerError(
                 BrokerCode.TIMEOUT, f"the first put with this idempotency key was interrupted "
                 f"({type(exc).__name__}); the outcome is unknown, retry", outcome="unknown"))
             raise
@@ -276,13 +305,25 @@ class PutMessageService:
         return [PutResult(f"{prefix}{phys:016X}", qid, qoff, phys, size)  # create_message_id, inlined
                 for (phys, size, qid, qoff) in placed]
 
-    def _fail_claims(self, mine: dict[tuple[str, str], _Pending], error: BrokerError) -> None:
+    def _release(self, claim: _Claim) -> None:
+        """The claiming put is over: its keys are no longer in flight."""
+        pending = self._pending.get(claim.topic)
+        if pending is None:
+            return
+        for key in claim.keys:
+            if key:
+                del pending[key]
+        if not pending:
+            del self._pending[claim.topic]
+
+    def _fail_claim(self, claim: _Claim | None, error: BrokerError) -> None:
         """The put that claimed these keys failed: so do the puts waiting on them."""
-        for k, p in mine.items():
-            self._pending.pop(k, None)
-            if not p.future.done():
-                p.future.set_exception(error)
-                p.future.exception()  # retrieved: a failure nobody waited for is not "never retrieved"
+        if claim is None:
+            return
+        self._release(claim)
+        if not claim.future.done():
+            claim.future.set_exception(error)
+            claim.future.exception()  # retrieved: a failure nobody waited for is not "never retrieved"
 
     async def append_system_record(self, sys_topic: str, record: dict[str, Any], *,
                                    force: bool = False) -> None:

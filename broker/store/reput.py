@@ -22,11 +22,13 @@ from broker.message import (
     BODY_LENGTH_POSITION,
     FIXED_OVERHEAD,
     IDEMPOTENCY_MARK,
+    KEYED_UNIQ_MARK,
     MESSAGE_MAGIC_CODE,
     STORE_TIMESTAMP_POSITION,
     TAGS_MARK,
     DispatchInfo,
     keyed_plain_key,
+    keyed_signature,
     message_id_prefix,
     parse_message,
     plain_tail_signature,
@@ -46,7 +48,8 @@ log = logging.getLogger("broker.store.message_store")
 # The header fields dispatch_packed checks: total size, magic, queue id, queue offset, physical
 # offset, body length (offsets 0, 4, 12, 20, 28, 84 of broker.message.HEAD).
 _RUN_HEAD = struct.Struct(">ii4xi4xqq48xi")
-_STORE_STAMP = struct.Struct(">q4sI")  # store timestamp, store host IPv4 and port
+_STORE_STAMP = struct.Struct(">q8s")  # store timestamp, store host (IPv4, port: a msgId's first 8 bytes)
+_STORE_STAMP_SIZE = _STORE_STAMP.size
 _MAX_STALE_WAITERS = 4096
 
 
@@ -193,23 +196,33 @@ class ReputMessageService:
         The bulk of a produced batch takes a short path: a message of the same topic and queue as
         the one before it, with the next queue offset and no property but its UNIQ_KEY, gets its
         layout checked by one comparison and one consume-queue unit (a fifth of what `dispatch`
-        costs); one whose only other property is an IDEMPOTENCY_KEY (what the SDK sends) gets a few
-        more comparisons and its key remembered. The first message of each run, and every other
+        costs). One whose only other property is an IDEMPOTENCY_KEY (what the SDK sends) gets its
+        layout checked by one comparison too once the run has seen a key of that length, its key
+        read, and its key remembered with those of its run stored at the same instant by the same
+        host (`IdempotencyTable.remember_run`). The first message of each run, and every other
         message, goes through `dispatch`."""
         end = len(data)
         off = 0
         unpack_head = _RUN_HEAD.unpack_from
+        uniq_mark_len = len(KEYED_UNIQ_MARK)
         run_sig = b""  # plain_tail_signature of the current run's topic; b"": no run
-        run_topic, run_topic_f = "", b""  # the run's topic, and its field as stored
+        run_topic_f = b""  # the run's topic field as stored
         run_tail = run_qid = first_qoff = next_qoff = sig_len = -1
         run_cq: ConsumeQueue | None = None
         units: list[tuple[int, int]] = []
+        # The run's keyed shape (keyed_signature): its signature, where the key starts after the
+        # body, the key's length, the length of all that follows the body; and the run's keys so
+        # far that share a store stamp (timestamp and host: `key_stamp`), with their unit indexes.
+        key_sig, key_at, key_len, key_tail = b"", -1, -1, -1
+        key_stamp = b""
+        keys: list[bytes] = []
+        key_units: list[int] = []
         while end - off >= FIXED_OVERHEAD:
             phys = base + off
             total, magic, queue_id, queue_offset, stored_phys, body_len = unpack_head(data, off)
             msg_end = off + total
             if magic != MESSAGE_MAGIC_CODE or total < FIXED_OVERHEAD or msg_end > end:
-                self._end_run(run_cq, first_qoff, units)
+                self._end_run(run_cq, first_qoff, units, key_stamp, keys, key_units)
                 log.error("event=dispatch_skipped phys=%d reason=no message at this position of the entry "
                           "at %d (magic %#010x, size %d)", phys, base, magic & 0xFFFFFFFF, total)
                 self.reput_offset = max(self.reput_offset, base + end)
@@ -224,17 +237,35 @@ class ReputMessageService:
                     next_qoff += 1
                     off = msg_end
                     continue
-                key = keyed_plain_key(data, topic_at, msg_end, run_topic_f)
+                if msg_end - topic_at == key_tail and data[topic_at:topic_at + key_at] == key_sig:
+                    # key, \x02UNIQ_KEY\x01, UNIQ_KEY, \x02 and no other separator: what
+                    # keyed_plain_key checks (= what bytes_to_properties would read)
+                    tail = bytes(data[topic_at + key_at:msg_end])
+                    key = (
+                        tail[:key_len]
+                        if tail.count(1) == 1 and tail.count(2) == 2 and tail[-1] == 2
+                        and tail[key_len:key_len + uniq_mark_len] == KEYED_UNIQ_MARK
+                        else None
+                    )
+                else:
+                    key = keyed_plain_key(data, topic_at, msg_end, run_topic_f)
+                    if key is not None:
+                        key_sig, key_at, key_len = keyed_signature(run_topic_f, len(key))
+                        key_tail = msg_end - topic_at
                 if key is not None:  # the SDK's shape: the same, plus an idempotency key
-                    ts, ip, port = _STORE_STAMP.unpack_from(data, off + STORE_TIMESTAMP_POSITION)
-                    self.idempotency.remember_parts(run_topic, key, message_id_prefix(unpack_host(ip, port)),
-                                                    queue_id, queue_offset, phys, total, ts)
+                    at = off + STORE_TIMESTAMP_POSITION
+                    if data[at:at + _STORE_STAMP_SIZE] != key_stamp:
+                        self._remember_keys(run_cq, first_qoff, units, key_stamp, keys, key_units)
+                        key_stamp, keys, key_units = bytes(data[at:at + _STORE_STAMP_SIZE]), [], []
+                    keys.append(key)
+                    key_units.append(len(units))
                     units.append((phys, total))
                     next_qoff += 1
                     off = msg_end
                     continue
-            self._end_run(run_cq, first_qoff, units)
-            run_sig, run_cq, units, next_qoff = b"", None, [], -1
+            self._end_run(run_cq, first_qoff, units, key_stamp, keys, key_units)
+            run_sig, run_cq, units, next_qoff, key_tail = b"", None, [], -1, -1
+            key_stamp, keys, key_units = b"", [], []
             if self.dispatch(data[off:msg_end], phys) and body_len >= 0:
                 raw = bytes(data[topic_at + 1:topic_at + 1 + data[topic_at]])
                 topic = topic_name(raw)
@@ -242,26 +273,35 @@ class ReputMessageService:
                 if run_cq is not None and topic not in self._system_topics and topic not in self.hooks:
                     run_sig, run_tail = plain_tail_signature(raw)
                     sig_len = len(run_sig)
-                    run_topic, run_topic_f = topic, run_sig[:1 + len(raw)]
+                    run_topic_f = run_sig[:1 + len(raw)]
                     run_qid = queue_id
                     first_qoff = next_qoff = queue_offset + 1
             off = msg_end
-        self._end_run(run_cq, first_qoff, units)
+        self._end_run(run_cq, first_qoff, units, key_stamp, keys, key_units)
         # Long polls: `dispatch` woke a run's waiters at its first message; they run after this
         # synchronous loop and read the whole run.
 
-    def _end_run(self, cq: ConsumeQueue | None, first_qoff: int, units: list[tuple[int, int]]) -> None:
+    def _end_run(self, cq: ConsumeQueue | None, first_qoff: int, units: list[tuple[int, int]],
+                 key_stamp: bytes, keys: list[bytes], key_units: list[int]) -> None:
         if cq is None or not units:
             return
         cq.put_units(first_qoff, units)
         self._advance_table((cq.topic, cq.queue_id), first_qoff + len(units))
+        self._remember_keys(cq, first_qoff, units, key_stamp, keys, key_units)
         phys, size = units[-1]
         self.reput_offset = phys + size
+
+    def _remember_keys(self, cq: ConsumeQueue | None, first_qoff: int, units: list[tuple[int, int]],
+                       key_stamp: bytes, keys: list[bytes], key_units: list[int]) -> None:
+        if keys and cq is not None:
+            ts, host = _STORE_STAMP.unpack(key_stamp)
+            self.idempotency.remember_run(cq.topic, cq.queue_id, ts, host, keys, first_qoff, units, key_units)
 
     def remember_idempotency(self, info: DispatchInfo) -> None:
         key = info.idempotency_key
         if key:
-            self.idempotency.remember_parts(info.topic, key, message_id_prefix(info.store_host),
-                                            info.queue_id, info.queue_offset, info.phys_offset,
-                                            info.size, info.store_timestamp)
+            self.idempotency.remember_stored(info.topic, key.encode("utf-8", "surrogatepass"),
+                                             bytes.fromhex(message_id_prefix(info.store_host)), info.queue_id,
+                                             info.queue_offset, info.phys_offset, info.size,
+                                             info.store_timestamp)
 

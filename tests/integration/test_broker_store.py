@@ -142,6 +142,30 @@ async def test_idempotency_key_in_batch_and_concurrent(store):
     assert batch[0] == batch[1] and store.max_offset("T", 0) == 2
 
 
+async def test_idempotency_keys_stored_in_flight_and_new_in_one_batch_keep_their_places(store):
+    """SDK-shaped keys (32 hex digits) mixed with plain messages: a batch whose keys are partly
+    stored already, partly being stored by a concurrent put, partly new gets each message's own
+    result at its own place, and only the new ones are stored."""
+    def key(n: int) -> str:
+        return f"{n:032x}"
+
+    def msg(body: str, n: int | None) -> Message:
+        return Message("K", body.encode(), idempotency_key=None if n is None else key(n))
+
+    first = await store.put_messages("K", [msg("a", 1), msg("b", 2)], 0)
+    a = store.put_messages("K", [msg("c", 3), msg("plain", None), msg("d", 4)], 0)
+    b = store.put_messages("K", [msg("d-again", 4), msg("a-again", 1), msg("e", 5), msg("plain2", None),
+                                 msg("c-again", 3), msg("e-again", 5)], 0)
+    ra, rb = await asyncio.gather(a, b)
+    assert [r.queue_offset for r in first] == [0, 1] and len({r.queue_offset for r in ra}) == 3
+    assert rb[0] == ra[2] and rb[1] == first[0] and rb[4] == ra[0] and rb[5] == rb[2]
+    assert rb[3] not in ra and rb[2] not in ra
+    assert store.max_offset("K", 0) == 7  # a, b, c, plain, d, e, plain2
+    stored = {m.queue_offset: m.body for m in store.get_messages("K", 0, 0, 10).messages}
+    assert [stored[r.queue_offset] for r in ra] == [b"c", b"plain", b"d"]
+    assert [stored[r.queue_offset] for r in rb] == [b"d", b"a", b"e", b"plain2", b"c", b"e"]
+
+
 async def test_bad_input_precise_errors_nothing_stored(store):
     ok = await store.put_messages("T", [Message("T", b"ok")], 0)
     before = store.commit_log.max_offset

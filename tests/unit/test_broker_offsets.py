@@ -50,7 +50,7 @@ def test_idempotency_buckets_expire_whole_and_replay_out_of_order():
 
 
 def test_idempotency_buckets_are_bounded_by_count_too():
-    t = IdempotencyTable(window_ms=600_000, max_keys=160)  # buckets of at most 10 keys
+    t = IdempotencyTable(window_ms=600_000, max_keys=40)  # buckets of at most 10 keys
     for n in range(35):
         t.remember("T", f"k{n}", _put(n), store_ts_ms=1_000)  # one instant: only the count splits
     assert [b.count for b in t._buckets] == [10, 10, 10, 5]
@@ -127,3 +127,19 @@ async def test_snapshot_waits_for_commits_in_flight():
     for r in log[log.index(snap) + 1:]:
         fresh.apply_record(r)
     assert fresh.offsets_of("g") == m.offsets_of("g") == {"T": {q: 10 + q for q in range(5)}}
+
+
+def test_idempotency_run_of_keys_fills_buckets_in_order_and_keeps_first_results():
+    """A dispatched run (`remember_run`): keys already held (in an older bucket, or earlier in the
+    run) keep their first result; the others fill the newest bucket and open new ones as it fills."""
+    t = IdempotencyTable(window_ms=600_000, max_keys=40)  # buckets of at most 10 keys
+    host = bytes.fromhex("0A00000100002AAF")
+    t.remember("T", "old", _put(0), store_ts_ms=1_000)
+    keys = [b"old"] + [b"k%d" % n for n in range(20)] + [b"k3"]
+    units = [(10**12 + n * 1_100, 1_100) for n in range(len(keys))]
+    t.remember_run("T", 0, 2_000, host, keys, 2**40, units, list(range(len(keys))))
+    assert [b.count for b in t._buckets] == [10, 10, 1] and len(t) == 21
+    assert t.get("T", "old", now_ms=3_000) == _put(0)
+    first_k3 = t.get("T", "k3", now_ms=3_000)
+    assert first_k3 is not None and first_k3.commit_log_offset == units[4][0]
+    assert first_k3.queue_offset == 2**40 + 4 and first_k3.msg_id == f"0A00000100002AAF{units[4][0]:016X}"

@@ -96,13 +96,13 @@ def test_keyed_plain_key_reads_only_the_sdk_shape():
     def stored(msg: Message) -> bytes:
         return bytes(encode_message(msg, queue_id=0, queue_offset=0, phys_offset=0, store_host=HOST))
 
-    def key_of(buf: bytes, topic: str = "T1") -> str | None:
+    def key_of(buf: bytes, topic: str = "T1") -> bytes | None:
         topic_at = 84 + 4 + int.from_bytes(buf[84:88], "big")
         field = bytes([len(topic)]) + topic.encode()
         return keyed_plain_key(buf, topic_at, len(buf), field)
 
-    assert key_of(stored(Message("T1", b"x", idempotency_key="k-1"))) == "k-1"
-    assert key_of(stored(Message("T1", b"x", idempotency_key="ключ"))) == "ключ"
+    assert key_of(stored(Message("T1", b"x", idempotency_key="k-1"))) == b"k-1"
+    assert key_of(stored(Message("T1", b"x", idempotency_key="ключ"))) == "ключ".encode()
     assert key_of(stored(Message("T1", b"x", idempotency_key="k-1")), topic="T2") is None
     assert key_of(stored(Message("T1", b"x"))) is None  # plain: no key
     assert key_of(stored(Message("T1", b"x", tags="a", idempotency_key="k"))) is None

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from broker.errors import BrokerCode, BrokerError
 from broker.message import (
+    BODY_LENGTH_POSITION,
     FIXED_OVERHEAD,
     MESSAGE_MAGIC_CODE,
     PHY_POS_POSITION,
@@ -131,21 +132,30 @@ def test_problem_body():
 
 
 def test_encode_batch_writes_what_encode_message_writes():
-    """The bulk loop of encode_batch and encode_message give the same message, field by field,
-    across topics, born hosts and messages with properties in between."""
+    """The bulk loops of encode_batch (with an idempotency key or not) and encode_message give the
+    same message, field by field and byte for byte after the head, across topics, born hosts,
+    keys and messages with properties in between."""
     msgs = [Message("A", b"one", born_timestamp=5, born_host="10.0.0.1:7"),
             Message("A", b"", born_host="10.0.0.2:8"),
             Message("A", b"tagged", tags="t", keys=["k"], properties={"p": "v"}),
             Message("B\u00e9", b"x" * 3000, flag=3),
-            Message("A", b"last", idempotency_key="idem")]
+            Message("A", b"last", idempotency_key="idem"),
+            Message("B\u00e9", b"sdk", idempotency_key="0123456789abcdef0123456789abcdef"),
+            Message("A", b"", idempotency_key="k%s%d"),
+            Message("A", b"long", idempotency_key="k" * 2000),
+            Message("A", b"utf8", idempotency_key="cl\u00e9"),
+            Message("A", b"keyed+tag", tags="t", idempotency_key="idem"),
+            Message("pct-%s%d-%%", b"percent topic", idempotency_key="k%d")]
     batch = encode_batch(msgs, queue_id=2, store_host="127.0.0.1:10911")
     uniq = set()
     for msg, buf in zip(msgs, batch, strict=True):
         one = encode_message(msg, queue_id=2, queue_offset=0, phys_offset=0, store_host="127.0.0.1:10911")
         a, b = decode_message(buf), decode_message(one)
         assert len(buf) == len(one) == a.store_size
-        uniq.add(a.properties.pop("UNIQ_KEY"))
-        b.properties.pop("UNIQ_KEY")
+        u = a.properties.pop("UNIQ_KEY")
+        uniq.add(u)
+        assert bytes(buf[BODY_LENGTH_POSITION:]).replace(u.encode(), b"U" * 32) == \
+               bytes(one[BODY_LENGTH_POSITION:]).replace(b.properties.pop("UNIQ_KEY").encode(), b"U" * 32)
         assert (a.topic, a.body, a.queue_id, a.born_host, a.store_host, a.flag, a.properties) == \
                (b.topic, b.body, b.queue_id, b.born_host, b.store_host, b.flag, b.properties)
         assert a.born_timestamp == (msg.born_timestamp or a.store_timestamp)
