@@ -138,7 +138,7 @@ def _clean_interval(v: str) -> int:
         raise ValueError(f"expected milliseconds 100..3600000, got {n}")
     return n
 def _delay_levels(v: str) -> str:
-    from broker.timer.service import parse_delay_levels  # the one parser of the levels
+    from broker.timer.levels import parse_delay_levels  # the one parser of the levels
 
     parse_delay_levels(v)
     return v.strip()

@@ -103,6 +103,8 @@ class Forwarder:
                 raise self._no_master(failed)
             self.forwarded += 1
             try:
+                # The generated stub's RPC by its protocol name (one forwarder for every RPC),
+                # not a probe of our own objects.
                 answer = await getattr(self._stub(addr), method)(
                     request, metadata=self._metadata(context), timeout=_remaining(context)
                 )
@@ -130,7 +132,7 @@ class Forwarder:
             if addr is None:
                 raise self._no_master(failed)
             self.forwarded += 1
-            call = getattr(self._stub(addr), method)(
+            call = getattr(self._stub(addr), method)(  # the stub's RPC by name, as above
                 request, metadata=self._metadata(context), timeout=_remaining(context)
             )
             answered = gone = False

@@ -18,6 +18,7 @@ from broker.grpc.renewal import InvisibilityRenewer
 from broker.grpc.route import RouteResolver
 from broker.grpc.servicer import GrpcMetrics, MessagingServicer
 from broker.http.server import listen_host
+from broker.service import BrokerServices
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +109,12 @@ class GrpcFrontEnd:
     name = "gRPC"
 
     @classmethod
-    def create(cls, services: Any) -> GrpcFrontEnd | None:
+    def create(cls, services: BrokerServices) -> GrpcFrontEnd | None:
         """The front-end, or None when `grpcServerPort` is 0 (the runtime's factory)."""
         return cls(services) if services.state.config.grpc_server_port else None
 
-    def __init__(self, services: Any) -> None:
-        self.services = services  # broker.service.BrokerServices
+    def __init__(self, services: BrokerServices) -> None:
+        self.services = services
         cfg = services.state.config
         self.config = cfg
         self.addr: str = cfg.grpc_addr

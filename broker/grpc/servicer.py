@@ -39,6 +39,7 @@ from broker.grpc.route import RouteResolver, accept_types, assignments, message_
 from broker.grpc.settings import identity, settings_reply, subscribed_topics
 from broker.grpc.status import OK, error_status, status
 from broker.message_type import TopicMessageType, topic_message_type
+from broker.service import BrokerServices
 from broker.service.clients import ClientProtocol
 from broker.service.pop import AckStatus
 from broker.topics import validate_topic
@@ -134,7 +135,7 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
 
     def __init__(
         self,
-        services: Any,
+        services: BrokerServices,
         routes: RouteResolver,
         renewer: InvisibilityRenewer,
         forwarder: Forwarder,

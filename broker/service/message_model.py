@@ -23,7 +23,8 @@ from broker.service.acl import AccessControl, Account, Right
 from broker.service.metrics import BrokerMetrics
 from broker.service.state import BrokerState
 from broker.subscription import SYS_SUBSCRIPTION_GROUP, SubscriptionGroupConfig, SubscriptionGroupManager
-from broker.timer.service import PROPERTY_TIMER_OUT_MS, TimerService, TimerState, parse_delay_levels
+from broker.timer.levels import parse_delay_levels
+from broker.timer.service import PROPERTY_TIMER_OUT_MS, TimerService, TimerState
 from broker.transaction.service import TransactionCheck, TransactionService
 from broker.transaction.state import TransactionState
 

@@ -40,11 +40,10 @@ import base64
 import binascii
 import logging
 import os
-import re
 import time
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.errors import BrokerCode, BrokerError
 from broker.message import (
@@ -66,6 +65,9 @@ from broker.message_type import (
 from broker.timer.index import TimerIndex
 from broker.timer.keys import TimerKeys
 
+if TYPE_CHECKING:
+    from broker.store.message_store import DefaultMessageStore
+
 log = logging.getLogger(__name__)
 
 TIMER_TOPIC = "rmq_sys_wheel_timer"
@@ -79,8 +81,6 @@ _ADMISSION_PROPERTIES = frozenset({
     PROPERTY_TIMER_OUT_MS, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TAGS,
     PROPERTY_KEYS, PROPERTY_IDEMPOTENCY_KEY})
-DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-_UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 FIRE_BATCH = 256  # timers taken per round of the fire loop
 _ENTRY_BYTES = 192 * 1024  # one fire entry: real messages + markers, under DLedger's 256 KiB pack
 _IDLE_S = 1.0  # the fire loop looks again at least this often
@@ -115,19 +115,6 @@ def _marker_offset(item: Item) -> int:
     return int(item[2].properties[PROPERTY_TIMER_DEL_OFFSET])
 
 
-def parse_delay_levels(text: str) -> tuple[int, ...]:
-    """RocketMQ's `messageDelayLevel` ("1s 5s 10s ... 2h", units s/m/h/d) → delays in ms."""
-    levels = []
-    for part in text.split():
-        m = re.fullmatch(r"(\d+)([smhd])", part)
-        if not m:
-            raise ValueError(f"bad delay level {part!r}: expected a number with a unit s, m, h or d")
-        levels.append(int(m.group(1)) * _UNIT_MS[m.group(2)])
-    if not levels:
-        raise ValueError("messageDelayLevel names no level")
-    return tuple(levels)
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -141,7 +128,7 @@ class TimerService:
     dispatcher (`tags_code`, `on_unit`, `rebuild`), the recall route/RPC (`recall`), the broker's
     lifecycle (`start`, `stop`)."""
 
-    def __init__(self, store: Any, *, delay_levels_ms: tuple[int, ...], max_delay_ms: int,
+    def __init__(self, store: DefaultMessageStore, *, delay_levels_ms: tuple[int, ...], max_delay_ms: int,
                  enabled: bool = True, recall_enabled: bool = True, resident_limit: int | None = None,
                  clock_ms: Callable[[], int] = _now_ms) -> None:
         self.store = store

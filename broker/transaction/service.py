@@ -29,7 +29,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -43,6 +43,9 @@ from broker.transaction.state import (
     TransactionState,
     TransactionTable,
 )
+
+if TYPE_CHECKING:
+    from broker.store.message_store import DefaultMessageStore
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +139,15 @@ class TransactionService:
     (`end`), the check poll route / Telemetry (`hub.poll`), the dispatcher (`on_unit`, op records,
     `rebuild`), the broker's lifecycle (`start`, `stop`)."""
 
-    def __init__(self, store: Any, *, timeout_ms: int, check_interval_ms: int, check_max: int,
-                 clock_ms: Callable[[], int] = _now_ms) -> None:
+    def __init__(
+        self,
+        store: DefaultMessageStore,
+        *,
+        timeout_ms: int,
+        check_interval_ms: int,
+        check_max: int,
+        clock_ms: Callable[[], int] = _now_ms,
+    ) -> None:
         self.store = store
         self.timeout_ms = timeout_ms
         self.check_interval_ms = check_interval_ms

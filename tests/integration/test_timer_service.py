@@ -11,7 +11,8 @@ from broker.controller import BrokerController
 from broker.errors import BrokerCode, BrokerError
 from broker.message import Message
 from broker.role_change import wait_until_master
-from broker.timer.service import DEFAULT_DELAY_LEVELS, TIMER_TOPIC, TimerService, parse_delay_levels
+from broker.timer.levels import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from broker.timer.service import TIMER_TOPIC, TimerService
 from tests.integration.test_broker_store import make_config
 
 T0 = 1_800_000_000_000
