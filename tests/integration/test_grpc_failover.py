@@ -18,6 +18,7 @@ SEND_S = 20.0
 KILL_AT_S = 3.0  # the client's first route refresh comes 7 s after the kill: later than RECOVERED_S
 # Sends succeed again this soon after the kill (an election takes ~1-1.5 s) and fail no more.
 RECOVERED_S = 5.0
+QUEUES = 8
 
 
 def pull_bodies(http_addr: str, topic: str, queues: int) -> list[str]:
@@ -40,7 +41,8 @@ def pull_bodies(http_addr: str, topic: str, queues: int) -> list[str]:
 def test_master_sigkill_during_python_producer_sends(tmp_path) -> None:
     topic = "grpc-failover"
     with grpc_set(tmp_path) as cluster:
-        cluster.create_topic(topic)
+        # 8 queues: the longest run of route entries at the master the producer's attempts must outlast.
+        cluster.create_topic(topic, queues=QUEUES)
         old = cluster.master()
         producer = Producer(
             ClientConfiguration(cluster.access_points, Credentials(), request_timeout=3), (topic,)
@@ -83,7 +85,7 @@ def test_master_sigkill_during_python_producer_sends(tmp_path) -> None:
         late = [round(t, 2) for t in failed_after_kill if t >= RECOVERED_S]
         assert not late, f"sends started this long after the kill still failed: {late[:10]}"
         new = cluster.master(exclude=frozenset({old}))
-        stored = pull_bodies(cluster.http[new], topic, 4)
+        stored = pull_bodies(cluster.http[new], topic, QUEUES)
         missing = {f"f-{i}" for i in acked} - set(stored)
         assert not missing, f"{len(missing)} acked messages lost, e.g. {sorted(missing)[:5]}"
         assert len(stored) == len(set(stored)), "a message was stored twice"

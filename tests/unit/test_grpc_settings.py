@@ -25,7 +25,7 @@ def test_producer_gets_max_body_size_and_exponential_backoff() -> None:
     assert [t.name for t in out.publishing.topics] == ["t"]
     assert out.backoff_policy.WhichOneof("strategy") == "exponential_backoff"
     assert (
-        out.backoff_policy.max_attempts == PRODUCER_MAX_ATTEMPTS == 4
+        out.backoff_policy.max_attempts == PRODUCER_MAX_ATTEMPTS == 8
         and out.backoff_policy.exponential_backoff.multiplier == 2
     )
     assert out.HasField("metric") and not out.metric.on
