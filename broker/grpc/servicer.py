@@ -335,10 +335,10 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
     @_activity(spb.SendMessageResponse)
     async def SendMessage(self, request: Any, context: Any) -> Any:
         meta, account = self._caller(context)
-        if self.forwarder.must_forward(meta):
-            return await self.forwarder.unary("SendMessage", request, context)
         if not request.messages:
             raise invalid("messages", "at least one message is required")
+        if self.forwarder.must_forward(meta):
+            return await self.forwarder.unary("SendMessage", request, context)
         topic = request.messages[0].topic.name
         produce = self.services.produce
         peer = context.peer()
@@ -402,7 +402,18 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
             yield spb.ReceiveMessageResponse(status=error_status(exc))
             return
         except DLedgerException as exc:
-            yield spb.ReceiveMessageResponse(status=error_status(from_dledger(exc)))
+            st = error_status(from_dledger(exc))
+            self._count("ReceiveMessage", Code.Name(st.code), t0)
+            yield spb.ReceiveMessageResponse(status=st)
+            return
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            log.exception("event=grpc_unhandled method=ReceiveMessage")
+            self._count("ReceiveMessage", "INTERNAL_SERVER_ERROR", t0)
+            yield spb.ReceiveMessageResponse(
+                status=status(Code.INTERNAL_SERVER_ERROR, "internal error; see the broker log")
+            )
             return
         if not received:
             self._count("ReceiveMessage", "MESSAGE_NOT_FOUND", t0)

@@ -335,6 +335,45 @@ def test_a_slave_forwards_master_calls(cluster: GrpcSet) -> None:
         assert ack.status.code == Code.OK, ack.status
 
 
+def test_concurrent_sends_through_a_slave_each_get_their_own_answer(cluster: GrpcSet) -> None:
+    """A slave passes concurrent sends of one client to its master together: each caller still
+    gets the entry of its own message, one caller's refused message fails only that caller, and
+    every accepted message is stored once."""
+    topic = "grpc-forward-many"
+    cluster.create_topic(topic, queues=1)
+    slave = next(sid for sid in cluster.grpc if sid != cluster.master())
+    meta = (("x-mq-client-id", "forward-many-test"),)
+
+    def request(i: int, bad: bool = False) -> spb.SendMessageRequest:
+        msg = pb.Message(
+            topic=pb.Resource(name=topic),
+            system_properties=pb.SystemProperties(message_id=f"0102FC000000016BC50B17DF6100{i:06X}"),
+            user_properties={"UNIQ_KEY": "reserved"} if bad else {"i": str(i)},
+            body=f"fwd-{i}".encode(),
+        )
+        return spb.SendMessageRequest(messages=[msg])
+
+    bad = 17
+    with grpc.insecure_channel(cluster.grpc[slave]) as channel:
+        stub = spb_grpc.MessagingServiceStub(channel)
+        calls = [stub.SendMessage.future(request(i, i == bad), metadata=meta, timeout=20) for i in range(60)]
+        answers = [c.result() for c in calls]
+    for i, a in enumerate(answers):
+        if i == bad:
+            assert Code.BAD_REQUEST <= a.status.code < Code.UNAUTHORIZED and not a.entries, a
+            continue
+        assert a.status.code == Code.OK, (i, a.status)
+        [entry] = a.entries
+        assert entry.message_id == f"0102FC000000016BC50B17DF6100{i:06X}"
+    master = cluster.http[cluster.master()]
+    page = httpx.get(
+        f"http://{master}/topics/{topic}/queues/0/messages",
+        params={"offset": 0, "maxMessages": 100},
+        timeout=10,
+    ).json()
+    assert sorted(m["body"] for m in page["messages"]) == sorted(f"fwd-{i}" for i in range(60) if i != bad)
+
+
 def test_connected_grpc_clients_in_admin_api_and_mqadmin(cluster: GrpcSet) -> None:
     """A running simple consumer and producer show up — id, type, group, language, version — in
     the master's `GET /clients`, in the SDK's `Admin.client_list` and in `mqadmin clientList`
