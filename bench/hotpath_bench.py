@@ -2,14 +2,15 @@
 per request for a produce of 100 x 1 KB, the same with an SDK-shaped idempotency key on every
 message (a fresh one each: the key table fills as it does behind the SDK), and a pull of 256,
 through the ASGI app (HotPath, the services, the codec) on a real local-mode store in a temporary
-directory.
+directory — or, with `--dledger`, a one-member DLedger group (the commit log of a broker set: entries,
+the append hook, the packed dispatch).
 
 What it isolates: the cost of the HTTP layer and the services above the store — the part a
 refactor of broker/http or broker/service can change — with no network, client or replication
 noise, and in CPU time, so it is comparable on a busy machine. Compare two commits back to back:
 
     git archive <old> | tar -x -C /tmp/old && cd /tmp/old && PYTHONPATH=. python bench/hotpath_bench.py
-    PYTHONPATH=. .venv/bin/python bench/hotpath_bench.py [--requests 1500] [--rounds 3]
+    PYTHONPATH=. .venv/bin/python bench/hotpath_bench.py [--requests 1500] [--rounds 3] [--dledger]
 
 (`git archive` of this file into the old tree too: it builds the app the way each tree does.)
 Prints one line per round and writes bench/results/hotpath_bench.json.
