@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.errors import BrokerCode, BrokerError
 from broker.fifo import PROPERTY_SHARDING_KEY, message_group_problem, queue_of_group
@@ -48,6 +48,9 @@ from broker.transaction.service import (
     PROPERTY_TRANSACTION_ID,
     TransactionService,
 )
+
+if TYPE_CHECKING:
+    from broker.store.message_store import DefaultMessageStore
 
 _AS_IS_TOPICS = (TopicMessageType.NORMAL, TopicMessageType.MIXED)
 
@@ -107,7 +110,7 @@ class MessageModel:
     """The message-model services of one broker. Callers: the produce service (`route`,
     `result`), the pop service (`subscriptions`), the front-ends (timers.recall, transactions)."""
 
-    def __init__(self, store: Any, timers: TimerService, transactions: TransactionService,
+    def __init__(self, store: DefaultMessageStore, timers: TimerService, transactions: TransactionService,
                  subscriptions: SubscriptionGroupManager) -> None:
         self.store = store
         self.timers = timers
