@@ -38,11 +38,10 @@ from pipeline.offsets import DataLossError
 from pipeline.pullclient import TRANSPORT_ERRORS, PageClient
 from pipeline.routes import RouteResolver, base_url, problem_of
 from pipeline.schema import source_arrow_schema
+from wire.limits import MAX_PULL_MESSAGES
 
 log = logging.getLogger("ledgermq.pipeline.fetch")
 
-# The broker caps maxMessages of one pull (broker/http/messages.py).
-MAX_PULL_MESSAGES = 1024
 _BINARY_ACCEPT = {"accept": PULL_BINARY_CONTENT_TYPE}
 
 

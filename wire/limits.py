@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 # JSON overhead allowance on top of maxMessageSize for one request (base64 grows 4/3).
 _REQUEST_OVERHEAD_BYTES = 64 * 1024
 MIN_REQUEST_LIMIT_BYTES = 8 * 1024 * 1024
+# The most messages one pull answers (a larger maxMessages is refused): the broker's and its
+# clients' one number.
+MAX_PULL_MESSAGES = 1024
 
 
 def request_limit_bytes(max_message_size: int) -> int:

@@ -31,13 +31,13 @@ from broker.store.base import CommitLog
 from broker.store.consume_queue import ConsumeQueue
 from broker.store.consume_queue_store import ConsumeQueueStore
 from broker.topics import TopicConfigManager, validate_topic
+from wire.limits import MAX_PULL_MESSAGES
 
 if TYPE_CHECKING:
     from broker.filter import MessageFilter
 
 _LONG = struct.Struct(">q")
 _SIZE_AND_MAGIC = struct.Struct(">ii")
-MAX_PULL_MESSAGES = 1024
 FILTER_SCAN_UNITS = 1024  # consume-queue units a filtered read looks at before it answers
 DEFAULT_PULL_BYTES = 4 * 1024 * 1024
 
