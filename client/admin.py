@@ -378,26 +378,34 @@ class AsyncAdmin:
 
     # -- messages ------------------------------------------------------------------------------
     async def query_msg_by_id(self, msg_id: str) -> dict[str, Any]:
-        """The message with id `msg_id`, plus `brokerName`. The id names its store host and
+        """The message with id `msg_id`, plus `brokerName`. An offset id names its store host and
         commit-log offset: the broker set with a member at that host is asked (master first);
-        only when no set has it (an address that changed) is every set scanned. Two local broker
-        sets hold different messages at the same offset, so an answer whose own msgId differs is
-        never returned. MessageNotFoundError when no set has it; BrokerUnreachableError when the
-        set that should have it (or, scanning, every set) did not answer."""
-        host, _ = decode_message_id(msg_id)
+        only when no set has it (an address that changed) is every set scanned. Any other id is
+        a client's message id (the UNIQ_KEY a RocketMQ 5 client printed): every set is asked, and
+        a broker knows it within its idempotency window. Two local broker sets hold different
+        messages at the same offset, so for an offset id an answer whose own msgId (or messageId)
+        differs is never returned. MessageNotFoundError when no set has it;
+        BrokerUnreachableError when the set that should have it (or, scanning, every set) did not
+        answer."""
+        try:
+            host: str | None = decode_message_id(msg_id)[0]
+        except BadRequestError:
+            host = None
         want = msg_id.upper()
         sets = await self.broker_sets()
-        named = [s for s in sets if host in {_host_port(a) for a in s.addrs.values()}]
+        named = [s for s in sets if host is not None and host in {_host_port(a) for a in s.addrs.values()}]
         unreachable: list[str] = []
         for s in named or sets:
             try:
-                doc = await self._first(s, "GET", f"/messages/{seg(want)}")
+                doc = await self._first(s, "GET", f"/messages/{seg(want if host else msg_id)}")
             except (MessageNotFoundError, NotFoundError):
                 continue
             except BrokerUnreachableError:
                 unreachable.append(s.broker_name)
                 continue
-            if str(doc.get("msgId", "")).upper() == want:
+            # A client's id is matched by the broker itself (exactly, in its idempotency table).
+            ids = (str(doc.get("msgId", "")).upper(), str(doc.get("messageId", "")).upper())
+            if host is None or want in ids:
                 return {"brokerName": s.broker_name, **doc}
         if unreachable and len(unreachable) == len(named or sets):
             raise BrokerUnreachableError(f"message {msg_id}: no member of {', '.join(unreachable)} answered")

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from client.admin import Admin
 from client.consumer import PullConsumer
-from client.errors import LedgerMQError
+from client.errors import LedgerMQError, MessageNotFoundError
 from client.producer import Message, Producer
 
 
@@ -131,6 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-t", "--topic")
     c = cmd("queryMsgById", "Show a message by its id")
     c.add_argument("-i", "--msgId", required=True)
+    c = cmd("queryMsgByKey", "Show the messages of a topic carrying a key, on every broker set")
+    c.add_argument("-t", "--topic", required=True)
+    c.add_argument("-k", "--msgKey", required=True)
+    c.add_argument("--beginTimestamp", type=_parse_time, default=0, help="epoch ms, 'now' or ISO-8601")
+    c.add_argument("--endTimestamp", type=_parse_time, help="epoch ms, 'now' or ISO-8601")
+    c.add_argument("--maxNum", type=int, default=64)
+    c = cmd("queryMsgByUniqueKey", "Show a message by the id its client printed (RocketMQ 5's message id)")
+    c.add_argument("-i", "--msgId", required=True)
+    c.add_argument("-t", "--topic", help="searched by key when the brokers no longer know the id")
     c = cmd("resetOffsetByTime", "Move a group's offsets to the first message at/after a time")
     c.add_argument("-g", "--group", required=True)
     c.add_argument("-t", "--topic", required=True)
@@ -320,6 +329,32 @@ def cmd_query_msg_by_id(a: Admin, args: argparse.Namespace) -> Result:
     return a.query_msg_by_id(args.msgId), None
 
 
+def cmd_query_msg_by_key(a: Admin, args: argparse.Namespace) -> Result:
+    rows = a.query_msg_by_key(
+        args.topic,
+        args.msgKey,
+        begin_ms=args.beginTimestamp,
+        end_ms=args.endTimestamp,
+        max_messages=args.maxNum,
+    )
+    columns = ["brokerName", "queueId", "queueOffset", "msgId", "tags", "keys", "storeTimestamp"]
+    return rows, columns
+
+
+def cmd_query_msg_by_unique_key(a: Admin, args: argparse.Namespace) -> Result:
+    try:
+        return a.query_msg_by_id(args.msgId), None
+    except MessageNotFoundError:
+        if args.topic is None:
+            raise
+    # Past the brokers' idempotency window the id is still the message's UNIQ_KEY, which a key
+    # search of its topic finds (a bounded scan).
+    found = a.query_msg_by_key(args.topic, args.msgId, max_messages=1)
+    if not found:
+        raise MessageNotFoundError(f"message {args.msgId} not found in topic {args.topic!r}")
+    return found[0], None
+
+
 def cmd_reset_offset_by_time(a: Admin, args: argparse.Namespace) -> Result:
     return a.reset_offset_by_time(args.group, args.topic, args.timestamp), None
 
@@ -374,6 +409,8 @@ ADMIN_COMMANDS = {
     "clusterList": cmd_cluster_list,
     "consumerProgress": cmd_consumer_progress,
     "queryMsgById": cmd_query_msg_by_id,
+    "queryMsgByKey": cmd_query_msg_by_key,
+    "queryMsgByUniqueKey": cmd_query_msg_by_unique_key,
     "resetOffsetByTime": cmd_reset_offset_by_time,
     "leadershipTransfer": cmd_leadership_transfer,
     "clientList": cmd_client_list,

@@ -183,8 +183,12 @@ def test_query_msg_by_id_answers_from_the_broker_set_named_by_the_id(env):
                 f"seed-{name}",
                 env["seeds"][name],
             )
-        with pytest.raises(BadRequestError):
+        # Not an offset id: a client's message id, which no broker knows here.
+        with pytest.raises(MessageNotFoundError):
             admin.query_msg_by_id("not-a-message-id")
+        # Neither an offset id nor any client's id (over 128 characters).
+        with pytest.raises(BadRequestError):
+            admin.query_msg_by_id("x" * 129)
 
 
 class _StubBroker:

@@ -9,7 +9,7 @@ import time
 import orjson
 import pytest
 
-from client import Producer, PullConsumer
+from client import Message, Producer, PullConsumer
 from client.errors import TopicNotExistError
 from client.mqadmin import main as mqadmin
 from tests.integration._ledgermq_procs import namesrv_and_broker, wait_http
@@ -142,3 +142,23 @@ async def create_topic_async(ns: str, topic: str) -> None:
         await admin.update_topic(topic, 2, 2)
     finally:
         await admin.close()
+
+
+def test_mqadmin_finds_messages_by_key_and_by_the_id_a_client_printed(env):
+    client_id = "0102FC00A1B2C3D4E5F60718293A4B5C6D"  # a RocketMQ 5 client's id: 34 hex digits
+    with Producer(env["ns"]) as p:
+        p.send("lookup", Message(body=b"by-key-1", keys=["order-7"]))
+        p.send("lookup", Message(body=b"other", keys=["order-8"]))
+        p.send("lookup", Message(body=b"by-key-2", keys=["order-7", "x"]))
+        stored = p.send("lookup", Message(body=b"by-client-id", idempotency_key=client_id))
+    found = admin(env, "queryMsgByKey", "-t", "lookup", "-k", "order-7")
+    assert sorted(m["body"] for m in found) == ["by-key-1", "by-key-2"]
+    assert {m["brokerName"] for m in found} == {"broker-s"}
+    assert admin(env, "queryMsgByKey", "-t", "lookup", "-k", "order-9") == []
+    # The id the client printed is looked up directly (the broker knows it within its
+    # idempotency window), by queryMsgByUniqueKey and by queryMsgById alike.
+    for command in ("queryMsgByUniqueKey", "queryMsgById"):
+        msg = admin(env, command, "-i", client_id)
+        assert msg["body"] == "by-client-id" and msg["msgId"] == stored.msg_id
+    # An id no broker knows: an error naming it, exit status 1.
+    assert mqadmin(["queryMsgByUniqueKey", "-n", env["ns"], "-i", "0102FC" + "0" * 28]) == 1
