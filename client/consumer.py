@@ -6,11 +6,13 @@ time, the next receive pipelined and acks coalesced), each sync and async. The p
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import itertools
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,7 @@ from client.loop import BackgroundLoop, LightFuture, construct
 from client.prefetch import PullIterator, SyncPullIterator
 from client.received import PULL_BINARY_CONTENT_TYPE, PullResult, ReceivedMessage, decode_binary_page
 from client.transport import AsyncTransport, BrokerSetRoute, RouteCache, decode_answer, seg, split_addrs
+from wire.limits import MAX_RECEIVE_MESSAGES
 
 __all__ = [
     "AsyncPullConsumer",
@@ -253,15 +256,23 @@ class AsyncSimpleConsumer(_RouteUser):
     maxReconsumeTimes it goes to `%DLQ%{group}`.
 
     Pipelined: with `receive_ahead=True`, once a receive has answered with a full batch (a
-    backlog), the next one (same arguments, next broker set) is sent at once, so the next `receive`
-    call finds its messages waiting — their invisibility time runs from then, and a message the
-    caller never takes is given back (visible again at once) at the next receive with other
-    arguments or at `close`; off by default, as a message received ahead is delivered, to the
-    broker's counts, whether or not the caller takes it. `ack_async` coalesces the acks of a
-    broker set into one request (flushed at 64 handles or after 2 ms)."""
+    backlog), the next one (same invisible time, next broker set) is sent at once, so the next
+    `receive` call finds its messages waiting. A receive sent ahead asks for as many messages as
+    the caller took in the last third of the invisible time (at least the `max_messages` asked,
+    at most `receive_ahead_max`): every request costs the broker a fixed share of its CPU, so a
+    fast consumer fetches in large batches, while a slow one never holds more than it can use in
+    time. A message waits in the buffer only while two thirds of its invisible time remain (the
+    caller's handler gets those); an older one, and what the caller never takes, is given back
+    (visible again at once) in the background, at the next receive with another invisible time
+    or at `close`. Off by default, as a message received ahead is delivered, to the broker's
+    counts, whether or not the caller takes it. `ack_async` coalesces the acks of a broker set
+    into one request (flushed at `ACK_BATCH` handles or after 2 ms): one replicated record per
+    request on the broker."""
 
-    ACK_BATCH = 64
+    ACK_BATCH = 256
     ACK_LINGER_S = 0.002
+    # Receipt-handle changes in flight at once when giving messages back.
+    RELEASE_CONCURRENCY = 16
 
     def __init__(
         self,
@@ -275,21 +286,34 @@ class AsyncSimpleConsumer(_RouteUser):
         request_timeout_s: float = 40.0,
         fault_isolation_ms: int = 10_000,
         receive_ahead: bool = False,
+        receive_ahead_max: int = 256,
         ca_file: str | None = None,
         client_cert: str | tuple[str, str] | None = None,
         client_id: str | None = None,
     ) -> None:
+        if not 1 <= receive_ahead_max <= MAX_RECEIVE_MESSAGES:
+            raise ValueError(
+                f"receive_ahead_max must be in 1..{MAX_RECEIVE_MESSAGES}, got {receive_ahead_max}"
+            )
         self.client_id = client_id or new_client_id()
         headers = {"X-Client-Id": self.client_id}
         super().__init__(namesrv_addr, broker_addr, token, request_timeout_s, ca_file, client_cert, headers)
         self.group, self.topic, self.invisible_ms = group, topic, invisible_ms
         self.fault = LatencyFaultTolerance(fault_isolation_ms)
         self.receive_ahead = receive_ahead
+        self.receive_ahead_max = receive_ahead_max
         self._turn = itertools.count()
-        self._ahead: tuple[tuple[int, int, int], asyncio.Task[list[ReceivedMessage]]] | None = None
+        # Received ahead, not taken yet: (when received, message), all with invisible time _ahead_for.
+        self._buffer: collections.deque[tuple[float, ReceivedMessage]] = collections.deque()
+        self._ahead: asyncio.Task[None] | None = None  # a receive sent ahead, buffering its answer
+        self._ahead_for: int | None = None
+        self._backlog = False  # the last answer was as large as asked: more is waiting
+        # (when, how many) the caller took: the rate a receive sent ahead is sized by.
+        self._taken: collections.deque[tuple[float, int]] = collections.deque()
         self._acks: dict[str | None, list[tuple[ReceivedMessage, asyncio.Future[dict[str, Any]]]]] = {}
         self._ack_timer: asyncio.TimerHandle | None = None
         self._ack_tasks: set[asyncio.Task[None]] = set()
+        self._side: set[asyncio.Task[Any]] = set()
 
     async def receive(
         self, max_messages: int = 16, wait_ms: int = 0, invisible_ms: int | None = None
@@ -298,18 +322,78 @@ class AsyncSimpleConsumer(_RouteUser):
         serve (no connection, no master) is skipped for `fault_isolation_ms` and the next set
         asked in the same call; the error is raised only when no set could serve."""
         invisible = self.invisible_ms if invisible_ms is None else invisible_ms
-        key = (max_messages, wait_ms, invisible)
+        if self._ahead_for is not None and self._ahead_for != invisible:
+            await self._give_back_ahead()
+        out = self._take(max_messages)
+        if not out and self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            await ahead
+            out = self._take(max_messages)
+        if not out:
+            size = self._fetch_size(max_messages, invisible) if self.receive_ahead else max_messages
+            self._ahead_for = invisible
+            self._keep(await self._receive_now(size, wait_ms, invisible))
+            out = self._take(max_messages)
+        if self.receive_ahead and self._backlog and self._ahead is None and len(self._buffer) < max_messages:
+            size = self._fetch_size(max_messages, invisible)
+            ahead = self._receive_into_buffer(size, wait_ms, invisible)
+            self._ahead = asyncio.get_running_loop().create_task(ahead)
+        return out
+
+    async def _receive_into_buffer(self, max_messages: int, wait_ms: int, invisible_ms: int) -> None:
+        self._keep(await self._receive_now(max_messages, wait_ms, invisible_ms))
+
+    def _fetch_size(self, max_messages: int, invisible_ms: int) -> int:
+        """What a receive asks for: what the caller took in the last third of the invisible time,
+        within [max_messages, receive_ahead_max]."""
+        horizon = time.monotonic() - invisible_ms / 3000
+        taken = self._taken
+        while taken and taken[0][0] < horizon:
+            taken.popleft()
+        return max(max_messages, min(self.receive_ahead_max, sum(n for _, n in taken)))
+
+    def _keep(self, msgs: list[ReceivedMessage]) -> None:
+        """Buffer messages just received (their invisible time runs from now)."""
+        now = time.monotonic()
+        self._buffer.extend((now, m) for m in msgs)
+
+    def _take(self, max_messages: int) -> list[ReceivedMessage]:
+        """Up to `max_messages` buffered messages with two thirds of their invisible time left;
+        older ones are given back in the background."""
+        buffer = self._buffer
+        if not buffer:
+            return []
+        now = time.monotonic()
+        fresh_after = now - (self._ahead_for or self.invisible_ms) / 3000
+        out: list[ReceivedMessage] = []
+        stale: list[ReceivedMessage] = []
+        while buffer and len(out) < max_messages:
+            at, msg = buffer.popleft()
+            (out if at >= fresh_after else stale).append(msg)
+        if stale:
+            log.info("giving back %d received-ahead messages the caller did not take in time", len(stale))
+            self._side_task(self._release(stale))
+        if out:
+            self._taken.append((now, len(out)))
+        return out
+
+    async def _give_back_ahead(self) -> None:
+        """Give back what was received ahead (buffered and on the wire)."""
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] == key:
-            msgs = await ahead[1]
-        else:
-            if ahead is not None:
-                await self._release(await ahead[1])
-            msgs = await self._receive_now(*key)
-        if self.receive_ahead and len(msgs) == max_messages:  # a backlog: the next batch is there
-            task = asyncio.get_running_loop().create_task(self._receive_now(*key))
-            self._ahead = (key, task)
-        return msgs
+        if ahead is not None:
+            try:
+                await ahead
+            except LedgerMQError as exc:
+                log.warning("a receive sent ahead failed: %s", exc)
+        held = [m for _, m in self._buffer]
+        self._buffer.clear()
+        self._ahead_for = None
+        await self._release(held)
+
+    def _side_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._side.add(task)
+        task.add_done_callback(self._side.discard)
 
     async def _receive_now(self, max_messages: int, wait_ms: int, invisible_ms: int) -> list[ReceivedMessage]:
         route = await self.routes.get(self.topic)
@@ -334,18 +418,25 @@ class AsyncSimpleConsumer(_RouteUser):
                 self.fault.update(broker.broker_name, 0, failed=True)
                 last = exc
                 continue
-            return [ReceivedMessage.from_json(m, broker.broker_name) for m in doc["messages"]]
+            got = [ReceivedMessage.from_json(m, broker.broker_name) for m in doc["messages"]]
+            self._backlog = len(got) == max_messages
+            return got
         assert last is not None
         raise last
 
     async def _release(self, msgs: list[ReceivedMessage]) -> None:
         """Give back messages received ahead that the caller will not see: visible again at once
         (invisibility 0), not a nack, which would count as a failed delivery."""
-        for m in msgs:
-            try:
-                await self.change_invisible_duration(m, 0)
-            except LedgerMQError as exc:  # it comes back when its invisibility ends anyway
-                log.warning("release of a received-ahead message failed: %s", exc)
+        for i in range(0, len(msgs), self.RELEASE_CONCURRENCY):
+            chunk = msgs[i : i + self.RELEASE_CONCURRENCY]
+            outcomes = await asyncio.gather(
+                *(self.change_invisible_duration(m, 0) for m in chunk), return_exceptions=True
+            )
+            for exc in outcomes:
+                if isinstance(exc, LedgerMQError):  # it comes back when its invisibility ends anyway
+                    log.warning("release of a received-ahead message failed: %s", exc)
+                elif isinstance(exc, BaseException):
+                    raise exc
 
     async def _settle(self, action: str, msgs: list[ReceivedMessage]) -> dict[str, Any]:
         """One request per broker set; `{"results": [...]}` with one entry per message, in the
@@ -449,12 +540,12 @@ class AsyncSimpleConsumer(_RouteUser):
     async def close(self) -> None:
         """Send pending acks, give back messages received ahead, close the connections."""
         await self.flush_acks()
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            try:
-                await self._release(await ahead[1])
-            except LedgerMQError:
-                pass
+        try:
+            await self._give_back_ahead()
+        except LedgerMQError:
+            pass
+        if self._side:
+            await asyncio.gather(*self._side, return_exceptions=True)
         await super().close()
 
 

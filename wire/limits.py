@@ -24,6 +24,8 @@ MIN_REQUEST_LIMIT_BYTES = 8 * 1024 * 1024
 # The most messages one pull answers (a larger maxMessages is refused): the broker's and its
 # clients' one number.
 MAX_PULL_MESSAGES = 1024
+# The most messages one group receive answers (a larger maxMessages is refused).
+MAX_RECEIVE_MESSAGES = 1024
 
 
 def request_limit_bytes(max_message_size: int) -> int:

@@ -59,13 +59,14 @@ from broker.service.pop_state import SYS_POP_STATE, PopStateReplica
 from broker.service.state import BrokerState
 from broker.service.trace import DeliveryEvent, DeliveryTrace
 from broker.topics import validate_topic
+from wire.limits import MAX_RECEIVE_MESSAGES
 
 log = logging.getLogger(__name__)
 
 DLQ_PREFIX = "%DLQ%"
 
-# The bounds of a receive (the HTTP schema publishes the same numbers).
-MAX_RECEIVE_MESSAGES = 1024
+# The bounds of a receive (the HTTP schema publishes the same numbers; the most messages is the
+# wire vocabulary's, which clients size their receives by).
 MIN_INVISIBLE_MS = 100  # of a receive; change_invisible may set 0 (visible again at once)
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
 MAX_RECEIVE_WAIT_MS = 3_600_000

@@ -98,6 +98,60 @@ def test_simple_consumer_receive_ahead_and_coalesced_acks(env):
         assert c.receive(max_messages=32, wait_ms=300) == []
 
 
+def _inflight(env, group: str) -> int:
+    _, broker = env
+    groups = httpx.get(f"http://{broker}/admin/consumers").json()["groups"]
+    return next((g["inflight"] for g in groups if g["group"] == group), 0)
+
+
+def test_receive_ahead_sizes_its_batches_by_what_the_caller_takes_in_time(env):
+    bodies = fill(env, "ahead-size", 1500, queues=2)
+    got: list[str] = []
+    with SimpleConsumer("g-ahead", "ahead-size", env[0], receive_ahead=True, invisible_ms=1500) as c:
+        # A slow caller (10 every 0.2 s, 25 per third of the invisible time): what it holds
+        # beyond what it took stays near that, not the 256 a fast caller fetches.
+        held = []
+        for _ in range(8):
+            msgs = c.receive(10, wait_ms=200)
+            got += [m.text for m in msgs]
+            assert all(r["status"] == "OK" for r in c.ack(*msgs)["results"])
+            held.append(_inflight(env, "g-ahead"))
+            time.sleep(0.2)
+        assert max(held) <= 60, held
+        # A fast caller: the broker is asked for up to receive_ahead_max at once.
+        fast = []
+        while len(got) < 1500:
+            msgs = c.receive(32, wait_ms=200)
+            assert msgs, f"{len(got)} of 1500"
+            got += [m.text for m in msgs]
+            c.ack_async(*msgs)
+            if len(got) > 600 and len(fast) < (len(got) - 600) // 96:
+                fast.append(_inflight(env, "g-ahead"))
+        c.flush_acks()
+        assert max(fast) > 128, fast  # held ahead: far more than the 32 it asks for
+    assert sorted(got) == sorted(bodies)  # each exactly once: nothing given back was handed out
+
+
+def test_receive_ahead_never_hands_out_a_message_past_a_third_of_its_invisible_time(env):
+    bodies = fill(env, "ahead-stale", 200, queues=2)
+    got: list[tuple[str, int]] = []
+    with SimpleConsumer("g-stale", "ahead-stale", env[0], receive_ahead=True, invisible_ms=900) as c:
+        first = c.receive(16, wait_ms=200)  # a backlog: the next batch is fetched ahead
+        assert len(first) == 16
+        got += [(m.text, m.attempt) for m in first]
+        c.ack(*first)
+        time.sleep(0.5)  # the batch fetched ahead is older than a third of 900 ms
+        deadline = time.monotonic() + 20
+        while len(got) < 200 and time.monotonic() < deadline:
+            msgs = c.receive(16, wait_ms=200)
+            got += [(m.text, m.attempt) for m in msgs]
+            assert all(r["status"] == "OK" for r in c.ack(*msgs)["results"])
+    texts = [t for t, _ in got]
+    assert sorted(texts) == sorted(bodies)  # each handed out once
+    # The stale batch was given back and received anew (a second delivery), not handed out.
+    assert sum(1 for _, a in got if a == 2) >= 16, Counter(a for _, a in got)
+
+
 def test_push_consumer_retries_a_failing_handler_with_attempt_2_and_acks_the_rest(env):
     ns, _ = env
     bodies = fill(env, "push", 200, queues=2)
