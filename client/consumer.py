@@ -334,10 +334,11 @@ class AsyncSimpleConsumer(_RouteUser):
             self._ahead_for = invisible
             self._keep(await self._receive_now(size, wait_ms, invisible))
             out = self._take(max_messages)
-        if self.receive_ahead and self._backlog and self._ahead is None and len(self._buffer) < max_messages:
+        if self.receive_ahead and self._backlog and self._ahead is None:
             size = self._fetch_size(max_messages, invisible)
-            ahead = self._receive_into_buffer(size, wait_ms, invisible)
-            self._ahead = asyncio.get_running_loop().create_task(ahead)
+            if len(self._buffer) <= size // 2:  # half used: the next batch is on its way meanwhile
+                ahead = self._receive_into_buffer(size, wait_ms, invisible)
+                self._ahead = asyncio.get_running_loop().create_task(ahead)
         return out
 
     async def _receive_into_buffer(self, max_messages: int, wait_ms: int, invisible_ms: int) -> None:

@@ -48,6 +48,10 @@ class AsyncPushConsumer:
     """See the module docstring. `listener(message)`: a function or a coroutine function; its
     exception means "not consumed"."""
 
+    # Receives on the wire per broker set: while one answer is decoded and handed to the
+    # handlers, the next is already being served.
+    RECEIVES_PER_SET = 2
+
     def __init__(
         self,
         group: str,
@@ -89,6 +93,7 @@ class AsyncPushConsumer:
         self.retry_backoff_ms, self.retry_backoff_max_ms = retry_backoff_ms, retry_backoff_max_ms
         self.stats = {"received": 0, "consumed": 0, "failed": 0, "renewed": 0, "released": 0}
         self._cached = 0
+        self._asked = 0  # messages the receives on the wire may bring
         # Handlers finished per 100 ms bucket: (bucket, count), the last third of invisible_ms.
         self._done: collections.deque[list[int]] = collections.deque()
         self._cached_bytes = 0
@@ -120,7 +125,8 @@ class AsyncPushConsumer:
         route = await self.simple.routes.get(self.topic)
         self._running = True
         for broker in route.brokers:
-            self._tasks.append(loop.create_task(self._receive_loop(broker.broker_name)))
+            for _ in range(self.RECEIVES_PER_SET):
+                self._tasks.append(loop.create_task(self._receive_loop(broker.broker_name)))
         if self.is_async:
             self._workers = [loop.create_task(self._worker()) for _ in range(self.consume_thread_count)]
         else:
@@ -139,14 +145,22 @@ class AsyncPushConsumer:
         body = {"topic": self.topic, "waitMs": self.wait_ms, "invisibleMs": self.invisible_ms}
         path = f"/consumers/{seg(self.group)}/receive"
         while self._running:
-            room = min(self.receive_batch, self.max_cached_messages - self._cached, self._allowance())
+            room = min(
+                self.receive_batch,
+                self.max_cached_messages - self._cached - self._asked,
+                self._allowance() - self._asked,
+            )
             if room <= 0 or self._cached_bytes >= self.max_cached_bytes:
                 self._room.clear()
                 await self._room.wait()
                 continue  # (shutdown sets _room too: the loop condition ends it)
             try:
                 broker = await self.simple._broker(self.topic, broker_name)
-                doc = await self.simple._write(self.topic, broker, path, {**body, "maxMessages": room})
+                self._asked += room
+                try:
+                    doc = await self.simple._write(self.topic, broker, path, {**body, "maxMessages": room})
+                finally:
+                    self._asked -= room
             except LedgerMQError as exc:
                 log.warning("push receive failed group=%s broker=%s: %s", self.group, broker_name, exc)
                 await asyncio.sleep(1.0)  # RocketMQ's back-off after a failed receive
