@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 
 
 class BrokerApp(FastAPI):
-    """FastAPI with a fast path: produce and pull go straight to `HotPath` (pure ASGI, no
-    middleware/dependency stack); everything else is ordinary FastAPI."""
+    """FastAPI with a fast path: produce, pull, receive and ack go straight to `HotPath` (pure
+    ASGI, no middleware/dependency stack); everything else is ordinary FastAPI."""
 
     hot_path: HotPath | None = None
 
@@ -57,7 +57,7 @@ def create_app(services: BrokerServices) -> BrokerApp:
     handlers = HotHandlers(services)
     app.hot_path = HotPath(services, handlers, limit)
     app.include_router(messages.build_router(services, handlers))
-    app.include_router(consumers.build_router(services))
+    app.include_router(consumers.build_router(services, handlers))
     app.include_router(admin.build_router(services))
     app.include_router(message_model.build_router(services))
     _publish_hot_schemas(app)

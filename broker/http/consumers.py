@@ -1,9 +1,14 @@
 """The group-consumption routes (`/consumers/{group}/receive`, `/ack`, `/nack`, `/invisible`)
 over `PopService` (`broker/service/pop.py`), which holds the state and the rules, and the
-dead-letter resend over `DeadLetterService`."""
+dead-letter resend over `DeadLetterService`.
+
+Receive and ack are most of a consumer's requests: `hot.HotPath` serves them before FastAPI sees
+them, through `ConsumerHandlers`; these declarations carry their OpenAPI description and serve
+them through the same handlers when the fast path is bypassed."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 import orjson
@@ -22,14 +27,18 @@ from broker.http.schemas import (
     ReceiveOut,
     SettleOut,
 )
-from broker.service import AckResult, BrokerServices, ClientProtocol, ReceivedMessage
+from broker.service import Account, AckResult, BrokerServices, ClientProtocol, ReceivedMessage
 from broker.service.pop import GROUP_NAME_RE, MAX_GROUP_LENGTH
 
 GroupPath = Annotated[str, Path(min_length=1, max_length=MAX_GROUP_LENGTH, pattern=GROUP_NAME_RE.pattern)]
 
 
 def _json(doc: Any) -> Response:
-    return Response(orjson.dumps(doc), media_type="application/json")
+    return _raw_json(orjson.dumps(doc))
+
+
+def _raw_json(body: bytes) -> Response:
+    return Response(body, media_type="application/json")
 
 
 def received_json(received: ReceivedMessage) -> dict[str, Any]:
@@ -40,22 +49,50 @@ def received_json(received: ReceivedMessage) -> dict[str, Any]:
     return doc
 
 
-def _client_of(request: Request) -> tuple[str, str]:
-    """(client id, address) of an HTTP consumer: its `X-Client-Id` header when it sends one, else
-    its address and user agent (one process, one id, whichever pooled connection it uses)."""
-    host = request.client.host if request.client else "?"
-    addr = f"{host}:{request.client.port}" if request.client else "?"
-    agent = request.headers.get("user-agent", "")
-    client_id = request.headers.get("x-client-id") or f"{host} {agent}".strip()
+def client_of(headers: Mapping[str, str], peer: Sequence[Any] | None) -> tuple[str, str]:
+    """(client id, address) of an HTTP consumer from its headers and the ASGI scope's `client`
+    (host, port): its `X-Client-Id` header when it sends one, else its address and user agent
+    (one process, one id, whichever pooled connection it uses)."""
+    host = peer[0] if peer else "?"
+    addr = f"{host}:{peer[1]}" if peer else "?"
+    agent = headers.get("user-agent", "")
+    client_id = headers.get("x-client-id") or f"{host} {agent}".strip()
     return client_id[:128], addr
 
 
-def settled_json(results: list[AckResult]) -> Response:
-    return _json({"results": [{"receiptHandle": r.receipt_handle, "status": r.status} for r in results]})
+def settled_json(results: list[AckResult]) -> dict[str, Any]:
+    """The answer to an ack or nack: each receipt handle's outcome."""
+    return {"results": [{"receiptHandle": r.receipt_handle, "status": r.status} for r in results]}
 
 
-def build_router(services: BrokerServices) -> APIRouter:
-    """The routes of one broker's group consumption."""
+class ConsumerHandlers:
+    """Receive and ack of one broker's groups over `PopService`, from decoded requests to the
+    answer's bytes. Callers: `hot.HotPath` and the routes below."""
+
+    def __init__(self, services: BrokerServices) -> None:
+        self.services = services
+
+    async def receive(self, account: Account, group: str, body: ReceiveIn, client: tuple[str, str]) -> bytes:
+        """Messages for `group`, invisible to it until acked, as `{"messages": [...]}`; `client`
+        (`client_of`) is recorded as the group's."""
+        services = self.services
+        services.clients.seen(group, body.topic, ClientProtocol.HTTP, *client)
+        message_filter = None
+        if body.filterType is not None or body.filterExpression is not None:
+            message_filter = services.message_model.message_filter(body.filterType, body.filterExpression)
+        got = await services.pop.receive(
+            account, group, body.topic, body.maxMessages, body.invisibleMs, body.waitMs, message_filter
+        )
+        return orjson.dumps({"messages": [received_json(r) for r in got]})
+
+    async def ack(self, account: Account, group: str, body: AckIn) -> bytes:
+        """Settle received messages: `{"results": [...]}`, one per receipt handle."""
+        results = await self.services.pop.ack(account, group, body.topic, body.receiptHandles)
+        return orjson.dumps(settled_json(results))
+
+
+def build_router(services: BrokerServices, handlers: ConsumerHandlers) -> APIRouter:
+    """The routes of one broker's group consumption; receive and ack delegate to `handlers`."""
     router = APIRouter()
     pop = services.pop
 
@@ -67,20 +104,8 @@ def build_router(services: BrokerServices) -> APIRouter:
         summary="Receive messages, invisible to the group until acked",
     )
     async def receive(group: GroupPath, body: ReceiveIn, request: Request) -> Response:
-        services.clients.seen(group, body.topic, ClientProtocol.HTTP, *_client_of(request))
-        message_filter = None
-        if body.filterType is not None or body.filterExpression is not None:
-            message_filter = services.message_model.message_filter(body.filterType, body.filterExpression)
-        got = await pop.receive(
-            account_of(request),
-            group,
-            body.topic,
-            body.maxMessages,
-            body.invisibleMs,
-            body.waitMs,
-            message_filter,
-        )
-        return _json({"messages": [received_json(r) for r in got]})
+        client = client_of(request.headers, request.scope.get("client"))
+        return _raw_json(await handlers.receive(account_of(request), group, body, client))
 
     @router.post(
         "/consumers/{group}/ack",
@@ -90,7 +115,7 @@ def build_router(services: BrokerServices) -> APIRouter:
         summary="Acknowledge received messages",
     )
     async def ack(group: GroupPath, body: AckIn, request: Request) -> Response:
-        return settled_json(await pop.ack(account_of(request), group, body.topic, body.receiptHandles))
+        return _raw_json(await handlers.ack(account_of(request), group, body))
 
     @router.post(
         "/consumers/{group}/nack",
@@ -100,7 +125,8 @@ def build_router(services: BrokerServices) -> APIRouter:
         summary="Give messages back for redelivery now",
     )
     async def nack(group: GroupPath, body: AckIn, request: Request) -> Response:
-        return settled_json(await pop.nack(account_of(request), group, body.topic, body.receiptHandles))
+        results = await pop.nack(account_of(request), group, body.topic, body.receiptHandles)
+        return _json(settled_json(results))
 
     @router.post(
         "/consumers/{group}/invisible",

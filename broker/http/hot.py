@@ -1,23 +1,30 @@
-"""The hot routes — produce and pull — as plain functions over raw inputs, plus `HotPath`, a pure
-ASGI dispatcher that serves them without the FastAPI/Starlette middleware and dependency stack.
+"""The hot routes — produce, pull, and a group's receive and ack — as plain functions over raw
+inputs, plus `HotPath`, a pure ASGI dispatcher that serves them without the FastAPI/Starlette
+middleware and dependency stack.
 
-The FastAPI routes in `messages.py` call the same `HotHandlers` (they are what the OpenAPI
-document describes, and they serve if the fast path is off); `BrokerApp.__call__` hands these two
-paths to `HotPath` first. Both only decode, call `ProduceService`/`PullService` and render; errors
-are the same problem+json either way.
+The FastAPI routes in `messages.py` and `consumers.py` call the same `HotHandlers` (they are what
+the OpenAPI document describes, and they serve if the fast path is off); `BrokerApp.__call__`
+hands these four paths to `HotPath` first. Both only decode, call `ProduceService`/`PullService`/
+`PopService` and render; errors are the same problem+json either way, down to what FastAPI
+answers to a body it cannot parse (`decode_model`).
 """
 
 from __future__ import annotations
 
+import email.message
+import json
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
 import orjson
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from starlette.exceptions import HTTPException
 
 from broker.errors import BrokerCode, BrokerError, from_dledger, invalid
+from broker.http.acl import send_unauthorized
 from broker.http.codec import (
     PULL_BINARY_CONTENT_TYPE,
     message_binary_view,
@@ -26,6 +33,9 @@ from broker.http.codec import (
     parse_produce_raw,
     pull_binary_bytes,
 )
+from broker.http.consumers import ConsumerHandlers, GroupPath, client_of
+from broker.http.problems import http_problem, unexpected, validation_problem
+from broker.http.schemas import AckIn, ReceiveIn
 from broker.message import Message, MessageHead
 from broker.service import MAX_PULL_MESSAGES, Account, BrokerServices
 from broker.service.pull import MessageBuilder
@@ -41,7 +51,10 @@ _HOT_HEADERS = {
     b"content-length": "content-length",
     b"authorization": "authorization",
     b"accept": "accept",
+    b"user-agent": "user-agent",
+    b"x-client-id": "x-client-id",
 }
+_CONSUMER_ROUTES = frozenset({"receive", "ack"})
 _JSON_CTYPE = JSON.encode()
 _PROBLEM_CTYPE = PROBLEM_CONTENT_TYPE.encode()
 _BINARY_CTYPE = PULL_BINARY_CONTENT_TYPE.encode()
@@ -101,6 +114,51 @@ def _decode_produce(
     raise invalid("Content-Type", f"expected {JSON} or application/octet-stream, got {ctype!r}")
 
 
+_GROUP = TypeAdapter(GroupPath)
+_NO_BODY = object()
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _is_json(content_type: str | None) -> bool:
+    """Whether FastAPI would decode a body of this Content-Type as JSON (none: it would not)."""
+    if not content_type:
+        return False
+    if content_type == JSON:
+        return True
+    parsed = email.message.Message()
+    parsed["content-type"] = content_type
+    subtype = parsed.get_content_subtype()
+    return parsed.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+def decode_model(model: type[_Model], group: str, headers: Mapping[str, str], body: bytes) -> _Model:
+    """A consumer route's group and body as its FastAPI declaration would take them, refused the
+    same way: JSON only under a JSON Content-Type (else the bytes fail as a non-object), a body
+    that is no JSON before anything else (400 naming the position, as FastAPI does), then the
+    group's rule, then the model's (each error as `problems.validation_problem` names it)."""
+    doc: Any = _NO_BODY
+    if body:
+        if _is_json(headers.get("content-type")):
+            try:
+                doc = json.loads(body)
+            except json.JSONDecodeError as exc:
+                raise validation_problem([{"loc": ("body", exc.pos), "msg": "JSON decode error"}]) from None
+            except Exception as exc:  # not UTF-8/16/32, nested past the recursion limit
+                raise HTTPException(400, "There was an error parsing the body") from exc
+        else:
+            doc = body
+    try:
+        _GROUP.validate_python(group)
+    except ValidationError as exc:
+        raise validation_problem([{**e, "loc": ("path", "group")} for e in exc.errors()]) from None
+    if doc is _NO_BODY:
+        raise validation_problem([{"loc": ("body",), "msg": "Field required"}])
+    try:
+        return model.model_validate(doc, from_attributes=True)
+    except ValidationError as exc:
+        raise validation_problem(exc.errors()) from None
+
+
 _TYPED_RESULT_FIELDS = ("deliverAt", "recallHandle", "transactionId", "messageId")
 
 
@@ -116,11 +174,9 @@ def result_json(r: tuple) -> dict[str, Any]:
     return doc
 
 
-class HotHandlers:
-    """Produce and pull of one broker over its services. Callers: `HotPath` and the FastAPI routes."""
-
-    def __init__(self, services: BrokerServices) -> None:
-        self.services = services
+class HotHandlers(ConsumerHandlers):
+    """Produce and pull (here), receive and ack (`ConsumerHandlers`) of one broker over its
+    services. Callers: `HotPath` and the FastAPI routes."""
 
     async def produce(
         self, topic: str, headers: Mapping[str, str], query: Mapping[str, str], body: bytes, started: float
@@ -185,7 +241,8 @@ class HotHandlers:
 
 
 class HotPath:
-    """Pure ASGI serving of `POST /topics/{t}/messages` and `GET /topics/{t}/queues/{q}/messages`."""
+    """Pure ASGI serving of `POST /topics/{t}/messages`, `GET /topics/{t}/queues/{q}/messages`,
+    `POST /consumers/{g}/receive` and `POST /consumers/{g}/ack`."""
 
     def __init__(self, services: BrokerServices, handlers: HotHandlers, request_limit_bytes: int) -> None:
         self.services = services
@@ -193,73 +250,90 @@ class HotPath:
         self.request_limit_bytes = request_limit_bytes
 
     def match(self, scope: dict[str, Any]) -> tuple[str, list[str]] | None:
-        """("produce" | "pull", path parts) when `scope` is one of the two hot routes."""
+        """("produce" | "pull" | "receive" | "ack", path parts) when `scope` is a hot route."""
         path: str = scope["path"]
-        if not path.startswith("/topics/"):
-            return None
-        parts = path[8:].split("/")
         method = scope["method"]
-        if method == "POST" and len(parts) == 2 and parts[1] == "messages":
-            return "produce", parts
-        if method == "GET" and len(parts) == 4 and parts[1] == "queues" and parts[3] == "messages":
-            return "pull", parts
+        if path.startswith("/topics/"):
+            parts = path[8:].split("/")
+            if method == "POST" and len(parts) == 2 and parts[1] == "messages":
+                return "produce", parts
+            if method == "GET" and len(parts) == 4 and parts[1] == "queues" and parts[3] == "messages":
+                return "pull", parts
+        elif method == "POST" and path.startswith("/consumers/"):
+            parts = path[11:].split("/")
+            # An empty group is no route at all (FastAPI's 404).
+            if len(parts) == 2 and parts[0] and parts[1] in _CONSUMER_ROUTES:
+                return parts[1], parts
         return None
 
     async def __call__(
         self, kind: str, parts: list[str], scope: dict[str, Any], receive: Any, send: Any
     ) -> None:
         started = time.perf_counter()
-        # Only the headers the hot routes read (decoding all of them cost ~1% of a produce).
-        headers = {}
+        # Only the headers the hot routes read (decoding all of them cost ~1% of a produce); the
+        # first of a repeated one, as Starlette's `headers.get` and `AuthMiddleware` take it.
+        headers: dict[str, str] = {}
         for k, v in scope["headers"]:
-            name = _HOT_HEADERS.get(k) or _HOT_HEADERS.get(k.lower())
-            if name is not None:
-                headers[name] = v.decode("latin-1")
-        # The server has percent-decoded `path` once already: decoding again would turn the
-        # '%DL' of '%DLQ%default' into a byte.
-        topic = parts[0]
+            key = _HOT_HEADERS.get(k) or _HOT_HEADERS.get(k.lower())
+            if key is not None and key not in headers:
+                headers[key] = v.decode("latin-1")
         try:
             account = self.services.acl.authenticate(headers.get("authorization"))
-            qs = scope.get("query_string") or b""
-            query = dict(parse_qsl(qs.decode("latin-1"), keep_blank_values=True)) if qs else {}
+        except BrokerError as exc:
+            await send_unauthorized(send, exc)
+            return
+        # The topic, or the group. The server has percent-decoded `path` once already: decoding
+        # again would turn the '%DL' of '%DLQ%default' into a byte.
+        name = parts[0]
+        try:
             ctype = _JSON_CTYPE
-            if kind == "produce":
-                # A request without the right is refused before its body is read.
-                self.services.produce.admit(account, topic)
-                body = await read_body(
-                    scope, receive, self.request_limit_bytes, headers.get("content-length")
-                )
-                out = await self.h.produce(topic, headers, query, body, started)
-            else:
-                out, ct = await self.h.pull(account, topic, parts[2], headers, query)
+            if kind == "pull":
+                out, ct = await self.h.pull(account, name, parts[2], headers, _query(scope))
                 if ct != JSON:
                     ctype = _BINARY_CTYPE
+            else:
+                if kind == "produce":
+                    # A request without the right is refused before its body is read.
+                    self.services.produce.admit(account, name)
+                limit = self.request_limit_bytes
+                body = await read_body(scope, receive, limit, headers.get("content-length"))
+                if kind == "produce":
+                    out = await self.h.produce(name, headers, _query(scope), body, started)
+                elif kind == "receive":
+                    got = decode_model(ReceiveIn, name, headers, body)
+                    out = await self.h.receive(account, name, got, client_of(headers, scope.get("client")))
+                else:
+                    out = await self.h.ack(account, name, decode_model(AckIn, name, headers, body))
             await _send(send, 200, out, ctype)
         except BrokerError as exc:
             await _send_error(send, exc)
         except BodyTooLarge as exc:
-            await _send(send, 413, orjson.dumps(exc.problem()), _PROBLEM_CTYPE)
+            await _send(send, 413, orjson.dumps(exc.problem()), _PROBLEM_CTYPE, close=True)
         except BodyIncomplete as exc:
-            await _send_error(send, invalid(exc.field, exc.detail))
+            await _send_error(send, invalid(exc.field, exc.detail), close=True)
+        except HTTPException as exc:
+            await _send(send, exc.status_code, orjson.dumps(http_problem(exc, scope["path"])), _PROBLEM_CTYPE)
         except DLedgerException as exc:
             await _send_error(send, from_dledger(exc))
-        except Exception:
+        except Exception as exc:
             log.exception("event=http_unhandled method=%s path=%s", scope["method"], scope["path"])
-            await _send_error(send, BrokerError(BrokerCode.INTERNAL_ERROR, "internal error; see broker log"))
+            await _send_error(send, unexpected(exc))
 
 
-async def _send(send: Any, status: int, body: bytes, ctype: bytes) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())],
-        }
-    )
+def _query(scope: dict[str, Any]) -> dict[str, str]:
+    qs = scope.get("query_string") or b""
+    return dict(parse_qsl(qs.decode("latin-1"), keep_blank_values=True)) if qs else {}
+
+
+async def _send(send: Any, status: int, body: bytes, ctype: bytes, *, close: bool = False) -> None:
+    headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
+    if close:  # a body refused unread (or cut off): the connection cannot carry another request
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_error(send: Any, exc: BrokerError) -> None:
+async def _send_error(send: Any, exc: BrokerError, *, close: bool = False) -> None:
     if exc.code == BrokerCode.TIMEOUT:
         exc.extra.setdefault("outcome", "unknown")
-    await _send(send, exc.status, orjson.dumps(exc.problem()), _PROBLEM_CTYPE)
+    await _send(send, exc.status, orjson.dumps(exc.problem()), _PROBLEM_CTYPE, close=close)

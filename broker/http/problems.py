@@ -2,11 +2,13 @@
 
 Every error the app returns goes through here: `BrokerError` (from the store or our validation),
 FastAPI/Starlette errors (404 route, 405, validation) and anything unexpected (500 with the
-exception logged, never leaked)."""
+exception logged, never leaked). The fast path (`hot.py`) renders its errors with the same
+functions (`validation_problem`, `http_problem`, `unexpected`)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -24,16 +26,40 @@ from wire.problem import PROBLEM_CONTENT_TYPE
 log = logging.getLogger(__name__)
 
 
-def problem(code: BrokerCode | str, detail: str, **extra: Any) -> Response:
-    """A problem+json response for `code`."""
-    return error_response(BrokerError(code, detail, **extra))
-
-
 def error_response(exc: BrokerError, headers: dict[str, str] | None = None) -> Response:
     body = exc.problem()
     return Response(
         orjson.dumps(body), status_code=body["status"], media_type=PROBLEM_CONTENT_TYPE, headers=headers
     )
+
+
+def validation_problem(errors: Sequence[Mapping[str, Any]]) -> BrokerError:
+    """The answer to pydantic validation errors (FastAPI's, or a model's own on the fast path):
+    the first error, naming its field as a dotted path without the "body"/"path"/… prefix."""
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+    field = ".".join(loc) or "body"
+    msg = str(first.get("msg", "invalid"))
+    if field == "topic":  # a topic name anywhere (path, query, body) has its own stable code
+        return BrokerError(BrokerCode.INVALID_TOPIC, f"topic: {msg}", field=field)
+    return invalid(field, msg)
+
+
+def http_problem(exc: StarletteHTTPException, path: str) -> dict[str, Any]:
+    """The problem body of a framework's HTTP error (a 404 route, a 405, a body it cannot parse),
+    which has no code of ours: the generic code of its status."""
+    return {
+        "type": "about:blank",
+        "title": str(exc.detail),
+        "status": exc.status_code,
+        "code": ErrorCode.for_status(exc.status_code).value,
+        "detail": f"no such resource: {path}" if exc.status_code == 404 else str(exc.detail),
+    }
+
+
+def unexpected(exc: Exception) -> BrokerError:
+    """The 500 of an exception nothing expected (the caller logs it; the answer names only its type)."""
+    return BrokerError(BrokerCode.INTERNAL_ERROR, f"internal error ({type(exc).__name__}); see broker log")
 
 
 def install_problem_handlers(app: FastAPI) -> None:
@@ -51,18 +77,10 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
-        field = ".".join(loc) or "body"
-        msg = str(first.get("msg", "invalid"))
-        if field == "topic":  # a topic name anywhere (path, query, body) has its own stable code
-            return error_response(BrokerError(BrokerCode.INVALID_TOPIC, f"topic: {msg}", field=field))
-        return error_response(invalid(field, msg))
+        return error_response(validation_problem(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        code = ErrorCode.for_status(exc.status_code)
         if exc.status_code == 405:
             # Starlette names only the first route's methods; list every method of the path.
             methods = sorted(
@@ -74,16 +92,8 @@ def install_problem_handlers(app: FastAPI) -> None:
                 }
             )
             exc.headers = {**(exc.headers or {}), "Allow": ", ".join(methods)}
-        detail = f"no such resource: {request.url.path}" if exc.status_code == 404 else str(exc.detail)
-        body = {
-            "type": "about:blank",
-            "title": str(exc.detail),
-            "status": exc.status_code,
-            "code": code.value,
-            "detail": detail,
-        }
         return Response(
-            orjson.dumps(body),
+            orjson.dumps(http_problem(exc, request.url.path)),
             status_code=exc.status_code,
             media_type=PROBLEM_CONTENT_TYPE,
             headers=exc.headers,
@@ -92,4 +102,4 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("event=http_unhandled method=%s path=%s", request.method, request.url.path)
-        return problem(BrokerCode.INTERNAL_ERROR, f"internal error ({type(exc).__name__}); see broker log")
+        return error_response(unexpected(exc))

@@ -1,7 +1,8 @@
 """Pydantic models of the broker HTTP payloads: the OpenAPI description of every route.
 
-Admin routes validate with these directly; the hot routes (produce, pull) decode with orjson in
-`codec.py` and enforce the same constraints by hand, and are described here for the OpenAPI."""
+Admin routes validate with these directly, and so do receive and ack on the fast path
+(`hot.decode_model`); produce and pull decode with orjson in `codec.py` and enforce the same
+constraints by hand, and are described here for the OpenAPI."""
 
 from __future__ import annotations
 
