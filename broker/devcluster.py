@@ -253,13 +253,25 @@ def banner(masters: dict[str, tuple[str, str] | None], cluster: DevCluster) -> s
             else []
         ),
         "Operate:",
-        f"  mqadmin clusterList -n {cluster.namesrv_addr}     |  curl -s http://{m}/status",
+        f"  {_command('mqadmin')} clusterList -n {cluster.namesrv_addr}     |  curl -s http://{m}/status",
         f"  API docs: http://{m}/docs     metrics: http://{m}/metrics",
         f"Console: http://127.0.0.1:{cluster.console_port}/",
         "",
         f"Store and logs: {cluster.store_dir}   (Ctrl-C stops everything)",
     ]
     return "\n".join(lines)
+
+
+def _command(name: str) -> str:
+    """How to call one of our console scripts from the shell `make run` was started in: by name
+    when that PATH finds this install's, else by its path (`.venv/bin/mqadmin` from the clone)."""
+    script = Path(sys.executable).parent / name
+    if not script.exists() or shutil.which(name) == str(script):
+        return name
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
 
 
 def main(argv: list[str] | None = None) -> int:
