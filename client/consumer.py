@@ -310,6 +310,7 @@ class AsyncSimpleConsumer(_RouteUser):
         self._backlog = False  # the last answer was as large as asked: more is waiting
         # (when, how many) the caller took: the rate a receive sent ahead is sized by.
         self._taken: collections.deque[tuple[float, int]] = collections.deque()
+        self._taken_sum = 0  # the sum of _taken's counts
         self._acks: dict[str | None, list[tuple[ReceivedMessage, asyncio.Future[dict[str, Any]]]]] = {}
         self._ack_timer: asyncio.TimerHandle | None = None
         self._ack_tasks: set[asyncio.Task[None]] = set()
@@ -350,8 +351,8 @@ class AsyncSimpleConsumer(_RouteUser):
         horizon = time.monotonic() - invisible_ms / 3000
         taken = self._taken
         while taken and taken[0][0] < horizon:
-            taken.popleft()
-        return max(max_messages, min(self.receive_ahead_max, sum(n for _, n in taken)))
+            self._taken_sum -= taken.popleft()[1]
+        return max(max_messages, min(self.receive_ahead_max, self._taken_sum))
 
     def _keep(self, msgs: list[ReceivedMessage]) -> None:
         """Buffer messages just received (their invisible time runs from now)."""
@@ -376,6 +377,7 @@ class AsyncSimpleConsumer(_RouteUser):
             self._side_task(self._release(stale))
         if out:
             self._taken.append((now, len(out)))
+            self._taken_sum += len(out)
         return out
 
     async def _give_back_ahead(self) -> None:
