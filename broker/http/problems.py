@@ -62,6 +62,19 @@ def unexpected(exc: Exception) -> BrokerError:
     return BrokerError(BrokerCode.INTERNAL_ERROR, f"internal error ({type(exc).__name__}); see broker log")
 
 
+def _routes(routes: Sequence[Any]) -> list[Route]:
+    """Every route of the app, those of included routers too (FastAPI keeps an included router
+    as one entry holding its own routes; none of ours is included under a prefix)."""
+    out: list[Route] = []
+    for r in routes:
+        inner = getattr(r, "original_router", None)
+        if inner is not None:
+            out += _routes(inner.routes)
+        elif isinstance(r, Route):
+            out.append(r)
+    return out
+
+
 def install_problem_handlers(app: FastAPI) -> None:
     """Map every exception type to problem+json."""
 
@@ -86,8 +99,8 @@ def install_problem_handlers(app: FastAPI) -> None:
             methods = sorted(
                 {
                     m
-                    for r in app.routes
-                    if isinstance(r, Route) and r.methods and r.path_regex.match(request.url.path)
+                    for r in _routes(app.routes)
+                    if r.methods and r.path_regex.match(request.url.path)
                     for m in r.methods
                 }
             )

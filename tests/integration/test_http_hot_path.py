@@ -242,7 +242,11 @@ async def test_only_receive_and_ack_of_a_group_take_the_fast_path(broker):
         assert (matched and matched[0]) == kind, (method, path)
     # What falls through is FastAPI's: an empty group is no route, a GET is no method.
     assert (await call(app, "POST", "/consumers//receive", receive_body()))["status"] == 404
-    assert (await call(app, "GET", R))["status"] == 405
+    r = await call(app, "GET", R)
+    assert r["status"] == 405
+    assert r["headers"]["allow"] == "POST"  # the methods the path has (was empty: included routers)
+    r = await call(app, "DELETE", "/topics/orders/messages")
+    assert (r["status"], r["headers"]["allow"]) == (405, "POST")
 
 
 async def test_a_group_receives_and_acks_through_the_fast_path(broker):
