@@ -105,6 +105,7 @@ class DLedgerLeaderElector:
         # peer answered one of our heartbeats (the server lets a backing-off dispatcher know).
         self.heartbeat_ack_listeners: list[Callable[[str], None]] = []
         self.next_preferred_check = 0.0
+        self._transfer_from: str | None = None  # the leader that last told us to take over
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._side_tasks = TaskSet()
@@ -233,6 +234,11 @@ class DLedgerLeaderElector:
         if ms.role == Role.LEADER:
             log.error("two leaders in term %d: %s and self %s", term, leader_id, ms.self_id)
             return DLedgerResponseCode.INCONSISTENT_LEADER
+        transferring = ms.term_to_take_leadership > term and leader_id == self._transfer_from
+        if ms.role == Role.CANDIDATE and transferring:
+            # This leader told us to take over; its heartbeats and pushes sent before it knew may
+            # still arrive ahead of our campaign, and following it again would drop the transfer.
+            return DLedgerResponseCode.SUCCESS
         if ms.leader_id is None or ms.leader_id == leader_id:
             if ms.role != Role.FOLLOWER or ms.leader_id is None:
                 self._become_follower(term, leader_id)
@@ -635,6 +641,7 @@ class DLedgerLeaderElector:
             req.take_leadership_term,
         )
         ms.term_to_take_leadership = req.take_leadership_term
+        self._transfer_from = req.local_id
         self._become_candidate(ms.curr_term, f"leadership transfer from {req.local_id}")
         self._wake.set()
         return DLedgerResponseCode.SUCCESS

@@ -11,6 +11,7 @@ from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.entry import DLedgerEntry
 from dledger.member_state import Role
 from dledger.rpc.memory import VirtualTimeLoop
+from dledger.rpc.protocol import HeartBeatRequest, LeadershipTransferRequest
 from dledger.statemachine import StateMachine
 from tests.sim.cluster import SimCluster, SimMember
 
@@ -133,6 +134,47 @@ def test_leadership_transfer_to_named_member_then_appends_continue() -> None:
         assert results[0].term == target.server.member_state.curr_term  # type: ignore[union-attr]
 
     run(body, n=5)
+
+
+def test_transferee_takes_over_even_when_a_heartbeat_of_the_old_leader_arrives_first() -> None:
+    """The leader's heartbeat can reach the transferee after it was told to campaign and before its
+    campaign starts (same event loop, any order): it must not turn it back into a follower, or the
+    transfer silently fails (seen in CI as TAKE_LEADERSHIP_FAILED "n0 did not take over")."""
+
+    async def body(c: SimCluster) -> None:
+        leader = await wait_leader(c)
+        target = next(m for m in c.members.values() if m is not leader)
+        server = target.server
+        assert server is not None and leader.server is not None
+        await leader.server.append([b"x"])
+        await asyncio.sleep(0.5)  # every member has the log: the leader's catch-up step is done
+        ms = server.member_state
+        term = ms.curr_term
+        group = ms.group
+        req = LeadershipTransferRequest(
+            group=group,
+            remote_id=target.member_id,
+            local_id=leader.member_id,
+            leader_id=leader.member_id,
+            term=term,
+            transfer_id=leader.member_id,
+            transferee_id=target.member_id,
+            take_leadership_term=term + 1,
+        )
+        assert server.elector.handle_take_leadership(req) == DLedgerResponseCode.SUCCESS
+        heartbeat = HeartBeatRequest(
+            group=group, remote_id=target.member_id, local_id=leader.member_id, leader_id=leader.member_id,
+            term=term,
+        )
+        await server.elector.handle_heartbeat(heartbeat)
+        for _ in range(40):
+            if ms.role == Role.LEADER:
+                break
+            await asyncio.sleep(0.05)
+        assert ms.role == Role.LEADER and ms.curr_term == term + 1
+        assert [m.member_id for m in c.leaders()] == [target.member_id]
+
+    run(body)
 
 
 def test_preferred_leader_takes_over_when_caught_up() -> None:
