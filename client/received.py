@@ -1,18 +1,6 @@
 """Messages as consumers receive them: `ReceivedMessage`, from the JSON answers and from the
-broker's binary pull page.
-
-The binary page (`Accept: application/x-ledgermq-messages`; docs/INTERFACES.md, "Binary pull
-format") is restated here on purpose: the SDK speaks the HTTP API only. All integers big-endian:
-
-    header  36 bytes: magic "LMQP" | version u8 (=1) | 3 reserved | count u32 |
-                      nextOffset i64 | minOffset i64 | maxOffset i64
-    count records, each 57 fixed bytes:
-                      queueOffset i64 | commitLogOffset i64 | bornTimestamp i64 (ms) |
-                      storeTimestamp i64 (ms) | reconsumeTimes i32 | queueId i32 |
-                      msgIdLen u8 | tagsLen i32 (-1 = none) | keysLen u32 | propsLen u32 | bodyLen u32
-                    then msgId (ASCII) | tags (UTF-8) | keys (UTF-8, " "-separated) |
-                    user properties (UTF-8 ``k\\x01v\\x02...``)
-    body section: the count bodies concatenated in record order, exactly filling the rest.
+broker's binary pull page (`wire.pullpage`: the format, shared with the broker and the Spark
+source; docs/INTERFACES.md, "Binary pull format").
 
 Bodies come as raw bytes (no base64 and no JSON string to decode): a pull page of 1 KB messages
 decodes in ~1.5 us a message here against ~3 us for the JSON form (measured, bench/sdk_bench.py).
@@ -26,11 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from client.errors import ServerError
+from wire import pullpage
 
-PULL_BINARY_CONTENT_TYPE = "application/x-ledgermq-messages"
-_MAGIC = b"LMQP"
-_HEADER = struct.Struct(">4sB3xIqqq")
-_RECORD = struct.Struct(">qqqqiiBiIII")
+PULL_BINARY_CONTENT_TYPE = pullpage.CONTENT_TYPE
 
 
 @dataclass(slots=True)
@@ -93,29 +79,21 @@ class PullResult:
     max_offset: int
 
 
-def _properties(raw: bytes) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in raw.decode("utf-8").split("\x02"):
-        if pair:
-            k, _, v = pair.partition("\x01")
-            out[k] = v
-    return out
-
-
 def decode_binary_page(data: bytes, topic: str, broker_name: str | None) -> PullResult:
     """Decode a binary pull page; ServerError for anything that does not follow the layout."""
     try:
-        magic, version, count, next_offset, min_offset, max_offset = _HEADER.unpack_from(data, 0)
-        if magic != _MAGIC or version != 1:
+        magic, version, count, next_offset, min_offset, max_offset = pullpage.HEADER.unpack_from(data, 0)
+        if magic != pullpage.MAGIC or version != pullpage.VERSION:
             raise ValueError(f"magic {magic!r} version {version}")
         records = []
-        pos = _HEADER.size
-        unpack = _RECORD.unpack_from
+        pos = pullpage.HEADER.size
+        unpack = pullpage.RECORD.unpack_from
+        record_size = pullpage.RECORD.size
         for _ in range(count):
             (q_off, cl_off, born, stored, reconsume, qid, id_len, tags_len, keys_len, props_len, body_len) = (
                 unpack(data, pos)
             )
-            pos += 57
+            pos += record_size
             msg_id = data[pos : pos + id_len].decode("ascii")
             pos += id_len
             tags = None
@@ -124,7 +102,7 @@ def decode_binary_page(data: bytes, topic: str, broker_name: str | None) -> Pull
                 pos += tags_len
             keys = data[pos : pos + keys_len].decode("utf-8").split(" ") if keys_len else []
             pos += keys_len
-            props = _properties(data[pos : pos + props_len]) if props_len else {}
+            props = dict(pullpage.parse_properties(data[pos : pos + props_len])) if props_len else {}
             pos += props_len
             records.append((msg_id, qid, q_off, cl_off, tags, keys, props, born, stored, reconsume, body_len))
         messages = []

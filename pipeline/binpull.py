@@ -1,18 +1,6 @@
-"""Decoder of the broker's binary pull page (``Accept: application/x-ledgermq-messages``).
-
-The layout is the one documented in docs/INTERFACES.md ("Binary pull format"); it is restated
-here on purpose: the pipeline talks to the broker only through its HTTP API and imports nothing
-from ``broker/``. All integers big-endian::
-
-    header  36 bytes: magic "LMQP" | version u8 (=1) | 3 reserved | count u32 |
-                      nextOffset i64 | minOffset i64 | maxOffset i64
-    count records, each 57 fixed bytes:
-                      queueOffset i64 | commitLogOffset i64 | bornTimestamp i64 (ms) |
-                      storeTimestamp i64 (ms) | reconsumeTimes i32 | queueId i32 |
-                      msgIdLen u8 | tagsLen i32 (-1 = none) | keysLen u32 | propsLen u32 | bodyLen u32
-                    then msgId (ASCII) | tags (UTF-8) | keys (UTF-8, " "-separated) |
-                    user properties (UTF-8 ``k\\x01v\\x02...``)
-    body section: the count bodies concatenated in record order, exactly filling the rest.
+"""Decoder of the broker's binary pull page (``Accept: application/x-ledgermq-messages``), whose
+layout is defined once in ``wire.pullpage`` (docs/INTERFACES.md, "Binary pull format"); the
+pipeline talks to the broker only through its HTTP API and imports nothing from ``broker/``.
 
 Decoding is columnar: one Python step per record only finds where each record starts (the
 variable fields make that a chain), then numpy gathers every fixed field and every variable field
@@ -26,7 +14,6 @@ bad UTF-8, a broken property list) raises ``PullFormatError``, never IndexError 
 
 from __future__ import annotations
 
-import struct
 from array import array
 from dataclasses import dataclass
 
@@ -35,15 +22,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from client.errors import ServerError
+from wire import pullpage
 
-PULL_BINARY_CONTENT_TYPE = "application/x-ledgermq-messages"
-MAGIC = b"LMQP"
-VERSION = 1
-_HEADER = struct.Struct(">4sB3xIqqq")
-_RECORD_SIZE = 57
-# The four lengths that decide where the next record starts: msgIdLen, tagsLen, keysLen, propsLen.
-_LENGTHS = struct.Struct(">BiII")
-_LENGTHS_AT = 40
+PULL_BINARY_CONTENT_TYPE = pullpage.CONTENT_TYPE
+_HEADER = pullpage.HEADER
+_RECORD_SIZE = pullpage.RECORD.size
 # The fixed part of a record as one numpy row (packed, big-endian, exactly _RECORD_SIZE bytes).
 _RECORD_DTYPE = np.dtype(
     [
@@ -184,14 +167,14 @@ def _record_starts(data: bytes, count: int) -> tuple[array, int]:
     variable lengths, so this chain cannot be vectorised; everything else is done per column.
     """
     n = len(data)
-    lengths = _LENGTHS.unpack_from
+    lengths = pullpage.LENGTHS.unpack_from
     starts = array("q")
     append = starts.append
     pos = _HEADER.size
     for i in range(count):
         if pos + _RECORD_SIZE > n:
             raise PullFormatError(f"record {i} at byte {pos} runs past the end ({n})")
-        lid, ltags, lkeys, lprops = lengths(data, pos + _LENGTHS_AT)
+        lid, ltags, lkeys, lprops = lengths(data, pos + pullpage.LENGTHS_AT)
         if ltags < -1:
             raise PullFormatError(f"record {i}: tagsLen {ltags}")
         append(pos)
@@ -240,10 +223,10 @@ def decode_pull_page(data: bytes) -> PullPage:
     if n < _HEADER.size:
         raise PullFormatError(f"{n} bytes is shorter than the {_HEADER.size}-byte header")
     magic, version, count, next_offset, min_offset, max_offset = _HEADER.unpack_from(data, 0)
-    if magic != MAGIC:
-        raise PullFormatError(f"magic {magic!r}, expected {MAGIC!r}")
-    if version != VERSION:
-        raise PullFormatError(f"version {version}, expected {VERSION}")
+    if magic != pullpage.MAGIC:
+        raise PullFormatError(f"magic {magic!r}, expected {pullpage.MAGIC!r}")
+    if version != pullpage.VERSION:
+        raise PullFormatError(f"version {version}, expected {pullpage.VERSION}")
     if count > (n - _HEADER.size) // _RECORD_SIZE:
         raise PullFormatError(f"count {count} records cannot fit in {n} bytes")
     if n > _MAX_BODY_BYTES:
@@ -309,21 +292,10 @@ def first_keys(keys: pa.StringArray) -> pa.StringArray:
 
 def parse_properties(raw: bytes) -> list[tuple[str, str]]:
     """``k\\x01v\\x02...`` → [(k, v), ...]; anything else is a ``PullFormatError``."""
-    if not raw:
-        return []
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PullFormatError(f"properties are not valid UTF-8 ({exc.reason})") from None
-    if not text.endswith("\x02"):
-        raise PullFormatError("properties do not end with \\x02")
-    out = []
-    for item in text[:-1].split("\x02"):
-        k, sep, v = item.partition("\x01")
-        if not sep or not k:
-            raise PullFormatError(f"property entry {item[:40]!r} is not key\\x01value")
-        out.append((k, v))
-    return out
+        return pullpage.parse_properties(raw)
+    except ValueError as exc:
+        raise PullFormatError(str(exc)) from None
 
 
 def split_keys(raw: str) -> list[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import binascii
 import operator
-import struct
 import time
 from typing import Any
 
@@ -41,6 +40,7 @@ from broker.service.validation import (
     check_queue_id,
     check_text,
 )
+from wire import pullpage
 
 # The typed fields of a message (the message model: delay, FIFO, transactions), mapped onto
 # RocketMQ's properties by `broker.message_model.typed_properties`.
@@ -316,42 +316,9 @@ def message_json_view(
     }
 
 
-# ---- binary pull format (`Accept: application/x-ledgermq-messages` or `?format=binary`) ----
-#
-# All integers big-endian. A page is
-#
-#   header  PULL_HEADER (36 bytes)
-#     0  4s  magic          b"LMQP"
-#     4  B   version        1
-#     5  3x  reserved       zero
-#     8  I   count          messages in the page
-#    12  q   nextOffset     \
-#    20  q   minOffset       } as in the JSON form
-#    28  q   maxOffset      /
-#   count records, each PULL_RECORD (57 bytes) followed by its variable fields
-#     0  q   queueOffset
-#     8  q   commitLogOffset
-#    16  q   bornTimestamp  (ms)
-#    24  q   storeTimestamp (ms)
-#    32  i   reconsumeTimes
-#    36  i   queueId
-#    40  B   msgIdLen       then msgIdLen bytes: the msgId, ASCII hex
-#    41  i   tagsLen        then tagsLen bytes of UTF-8 tags; -1 = no tags (JSON null)
-#    45  I   keysLen        then keysLen bytes: the KEYS property, UTF-8, keys separated by " "
-#    49  I   propsLen       then propsLen bytes: user properties as raw `k\x01v\x02...` (UTF-8)
-#    53  I   bodyLen        (the body itself is in the body section)
-#   body section: the count bodies, concatenated in record order, and nothing after them.
-#
-# Bodies sit together at the end so a reader can wrap them as one Arrow binary buffer without a
-# copy per row. The JSON form's `topic` and `bodyEncoding` are not sent (the topic is in the URL;
-# bodies are always raw bytes).
-PULL_BINARY_CONTENT_TYPE = "application/x-ledgermq-messages"
-PULL_MAGIC = b"LMQP"
-PULL_VERSION = 1
-PULL_HEADER = struct.Struct(">4sB3xIqqq")
-PULL_RECORD = struct.Struct(">qqqqiiBiIII")
-assert PULL_HEADER.size == 36 and PULL_RECORD.size == 57
-_pack_record = PULL_RECORD.pack
+# ---- binary pull format: wire/pullpage.py (the layout, for the broker and both readers) ----
+PULL_BINARY_CONTENT_TYPE = pullpage.CONTENT_TYPE
+_pack_record = pullpage.RECORD.pack
 _HOST_PREFIX_B: dict[tuple[bytes, int], bytes] = {}
 
 
@@ -398,8 +365,9 @@ def message_binary_view(
 def pull_binary_bytes(
     items: list[tuple[bytes, bytes]], next_offset: int, min_offset: int, max_offset: int
 ) -> bytes:
-    """A whole binary pull page from `message_binary_view` results (layout above)."""
-    parts = [PULL_HEADER.pack(PULL_MAGIC, PULL_VERSION, len(items), next_offset, min_offset, max_offset)]
+    """A whole binary pull page from `message_binary_view` results (layout: wire/pullpage.py)."""
+    parts = [pullpage.HEADER.pack(pullpage.MAGIC, pullpage.VERSION, len(items), next_offset, min_offset,
+                                  max_offset)]
     parts.extend([rec for rec, _ in items])
     parts.extend([body for _, body in items])
     return b"".join(parts)

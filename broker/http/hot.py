@@ -201,7 +201,7 @@ class HotHandlers(ConsumerHandlers):
     ) -> tuple[bytes, str]:
         """Messages from `offset`, holding the request (long poll) when there are none yet.
 
-        Returns (body, content type): JSON, or the binary page (codec.PULL_HEADER) when
+        Returns (body, content type): JSON, or the binary page (wire.pullpage) when
         `wants_binary`. Errors are BrokerErrors (problem+json) in both forms."""
         binary = wants_binary(headers, query)
         if not (queue_raw.isascii() and queue_raw.isdigit()) or len(queue_raw) > 5 or int(queue_raw) > 65535:
