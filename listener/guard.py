@@ -14,6 +14,11 @@ uvicorn's httptools protocol with
 Deadlines are per phase, never reset by a byte, and stop once a request is fully received, so a
 long poll or a slow handler is not cut. A request that arrives in one read (the produce path)
 arms no timer at all: the deadline timer is armed only when a read ends mid-request.
+
+It also sends each response in one write (`_ResponseWriter`): uvicorn writes the head at
+`http.response.start` and the body at `http.response.body`, two syscalls per answer, and on
+loopback each wakes the client (measured on a master: the second write took 40-140 us of its
+loop, and a client may wake twice for one answer).
 """
 
 from __future__ import annotations
@@ -143,6 +148,48 @@ _TIMEOUT_408 = _problem_response(
 )
 
 
+_CONTINUE = b"HTTP/1.1 100 "
+
+
+class _ResponseWriter:
+    """One request cycle's transport: the response head (uvicorn's first write of a cycle, but an
+    interim 100 Continue) is held until the first body write and both leave in one `writelines`;
+    anything after goes straight through. The head is sent alone when the response ends without a
+    body write (HEAD, an empty answer written as no bytes) or the cycle closes the connection."""
+
+    __slots__ = ("_head", "_started", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._head: bytes | None = None
+        self._started = False
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.writelines((head, data))
+        elif self._started or data.startswith(_CONTINUE):
+            self._transport.write(data)
+        else:
+            self._started = True
+            self._head = data
+
+    def flush(self) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            if not self._transport.is_closing():
+                self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol under a `ConnectionGuard` (built by `listener.server`)."""
 
@@ -182,6 +229,21 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def eof_received(self) -> None:
         # Returning None closes the transport: the end of a lingering refusal too.
         return None
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is None or cycle.transport is not self.transport:
+            return  # no new cycle (an upgrade), or this one already writes through a writer
+        writer = _ResponseWriter(self.transport)
+        cycle.transport = writer  # type: ignore[assignment]
+        completed = cycle.on_response
+
+        def on_response() -> None:
+            writer.flush()
+            completed()
+
+        cycle.on_response = on_response
 
     def data_received(self, data: bytes) -> None:
         if self._refused:

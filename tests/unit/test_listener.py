@@ -4,7 +4,11 @@ sockets)."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import ssl
+import struct
+from typing import Any
 
 import httpx
 import pytest
@@ -146,5 +150,86 @@ async def test_client_certificates_from_the_trusted_ca_only(pki):
             async with httpx.AsyncClient(verify=ctx) as http:
                 with pytest.raises(httpx.TransportError):
                     await http.get(url)
+    finally:
+        await listener.stop()
+
+
+async def _app(scope, receive, send):
+    """/ok: a 2-byte answer; /stream: the head, then two chunks 50 ms apart; /echo: the request
+    body back (read first); /fail: the head, then an error before any body."""
+    path = scope["path"]
+    if path == "/echo":
+        body = b""
+        more = True
+        while more:
+            msg = await receive()
+            body += msg.get("body", b"")
+            more = msg.get("more_body", False)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+    elif path == "/stream":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"one,", "more_body": True})
+        await asyncio.sleep(0.05)
+        await send({"type": "http.response.body", "body": b"two"})
+    elif path == "/fail":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"10")]})
+        raise RuntimeError("the handler failed after the head")
+    else:
+        await _ok(scope, receive, send)
+
+
+def _data_segments_in(sock: Any) -> int:
+    """The kernel's count of data-carrying segments this TCP socket received (Linux tcp_info's
+    tcpi_data_segs_in, at byte 152)."""
+    return struct.unpack_from("I", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 160), 152)[0]
+
+
+async def _read_until_closed(reader: asyncio.StreamReader) -> bytes:
+    out = b""
+    while chunk := await asyncio.wait_for(reader.read(65536), 5):
+        out += chunk
+    return out
+
+
+async def test_each_response_leaves_in_one_write_and_every_shape_still_arrives_whole():
+    """The head uvicorn writes at http.response.start waits for the first body write (one
+    writev): a small answer arrives in one read; HEAD (no body write), a streamed body, an
+    Expect: 100-continue upload and a handler failing after its head still get what they did."""
+    port = free_port()
+    listener = HttpListener(_app, name="one-write", host="127.0.0.1", port=port, config=ListenerConfig())
+    await listener.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        sock = writer.get_extra_info("socket")
+        before = _data_segments_in(sock)
+        writer.write(b"GET /ok HTTP/1.1\r\nhost: x\r\n\r\n")
+        first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\nok"), 5)
+        assert first.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert _data_segments_in(sock) - before == 1  # head and body in one segment: one write
+        writer.write(b"HEAD /ok HTTP/1.1\r\nhost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: 2\r\n" in head
+        writer.write(b"GET /stream HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        streamed = await _read_until_closed(reader)
+        assert streamed.startswith(b"HTTP/1.1 200 OK\r\n") and b"transfer-encoding: chunked" in streamed
+        assert streamed.endswith(b"4\r\none,\r\n3\r\ntwo\r\n0\r\n\r\n"), streamed
+        writer.close()
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /echo HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 5\r\n\r\n")
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"hello")
+        answer = await asyncio.wait_for(reader.readuntil(b"hello"), 5)
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+        writer.close()
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /fail HTTP/1.1\r\nhost: x\r\n\r\n")
+        cut = await _read_until_closed(reader)
+        assert cut.startswith(b"HTTP/1.1 200 OK\r\n") and cut.endswith(b"content-length: 10\r\n\r\n"), cut
+        writer.close()
     finally:
         await listener.stop()
