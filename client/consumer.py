@@ -10,8 +10,6 @@ import collections
 import concurrent.futures
 import itertools
 import logging
-import os
-import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +25,15 @@ from client.fault import LatencyFaultTolerance
 from client.loop import BackgroundLoop, LightFuture, construct
 from client.prefetch import PullIterator, SyncPullIterator
 from client.received import PULL_BINARY_CONTENT_TYPE, PullResult, ReceivedMessage, decode_binary_page
-from client.transport import AsyncTransport, BrokerSetRoute, RouteCache, decode_answer, seg, split_addrs
+from client.transport import (
+    AsyncTransport,
+    BrokerSetRoute,
+    RouteCache,
+    decode_answer,
+    new_client_id,
+    seg,
+    split_addrs,
+)
 from wire.limits import MAX_RECEIVE_MESSAGES
 
 __all__ = [
@@ -50,12 +56,6 @@ class MessageQueue:
     topic: str
     broker_name: str
     queue_id: int
-
-
-def new_client_id() -> str:
-    """`host@pid@random`: one per consumer instance, sent as `X-Client-Id` (the console lists
-    consumers by it)."""
-    return f"{socket.gethostname()}@{os.getpid()}@{os.urandom(4).hex()}"
 
 
 class _RouteUser:
@@ -290,13 +290,16 @@ class AsyncSimpleConsumer(_RouteUser):
         ca_file: str | None = None,
         client_cert: str | tuple[str, str] | None = None,
         client_id: str | None = None,
+        client_type: str = "SIMPLE_CONSUMER",
     ) -> None:
         if not 1 <= receive_ahead_max <= MAX_RECEIVE_MESSAGES:
             raise ValueError(
                 f"receive_ahead_max must be in 1..{MAX_RECEIVE_MESSAGES}, got {receive_ahead_max}"
             )
         self.client_id = client_id or new_client_id()
-        headers = {"X-Client-Id": self.client_id}
+        # The id names this instance in the brokers' client lists; the type is RocketMQ's
+        # (SIMPLE_CONSUMER, or PUSH_CONSUMER for the one a PushConsumer drives).
+        headers = {"X-Client-Id": self.client_id, "X-Client-Type": client_type}
         super().__init__(namesrv_addr, broker_addr, token, request_timeout_s, ca_file, client_cert, headers)
         self.group, self.topic, self.invisible_ms = group, topic, invisible_ms
         self.fault = LatencyFaultTolerance(fault_isolation_ms)

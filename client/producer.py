@@ -57,6 +57,7 @@ from client.transport import (
     BrokerSetRoute,
     RouteCache,
     TopicRoute,
+    new_client_id,
     split_addrs,
 )
 
@@ -112,17 +113,20 @@ class AsyncProducer:
         send_latency_fault_enable: bool = False,
         ca_file: str | None = None,
         client_cert: str | tuple[str, str] | None = None,
+        client_id: str | None = None,
     ) -> None:
         if batch_max_messages < 1 or batch_max_bytes < 1 or max_in_flight < 1 or buffer_max_bytes < 1:
             raise ValueError(
                 "batch_max_messages, batch_max_bytes, max_in_flight, buffer_max_bytes must be >= 1"
             )
+        self.client_id = client_id or new_client_id()
         self.transport = AsyncTransport(
             token=token,
             timeout_s=request_timeout_s,
             max_connections=max(64, max_in_flight),
             ca_file=ca_file,
             client_cert=client_cert,
+            headers={"X-Client-Id": self.client_id, "X-Client-Type": "PRODUCER"},
         )
         self.routes = RouteCache(self.transport, split_addrs(namesrv_addr), split_addrs(broker_addr))
         self.send_timeout_s = send_timeout_s

@@ -85,6 +85,7 @@ class AsyncPushConsumer:
             receive_ahead=False,
             ca_file=ca_file,
             client_cert=client_cert,
+            client_type="PUSH_CONSUMER",
         )
         self.group, self.topic = group, topic
         self.consume_thread_count = consume_thread_count

@@ -4,7 +4,11 @@ exceptions, and the name-server route cache."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
+import os
+import platform
+import socket
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -50,6 +54,24 @@ def split_addrs(addrs: str | list[str] | None) -> list[str]:
     return [base_url(a.strip()) for a in items if a.strip()]
 
 
+def _sdk_version() -> str:
+    try:
+        return importlib.metadata.version("ledgermq")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "0"
+
+
+# Every request says what sent it: the broker shows HTTP clients' language and version from it
+# (`GET /clients`, `mqadmin clientList`, the console), as RocketMQ does for its own clients.
+USER_AGENT = f"ledgermq-python/{_sdk_version()} (Python {platform.python_version()})"
+
+
+def new_client_id() -> str:
+    """`host@pid@random`: one per producer or consumer instance, sent as `X-Client-Id` (the
+    brokers' client lists and the console name clients by it)."""
+    return f"{socket.gethostname()}@{os.getpid()}@{os.urandom(4).hex()}"
+
+
 class AsyncTransport:
     """The SDK's HTTP client (`client.http`, one keep-alive pool per origin); `request` returns
     decoded JSON or raises a LedgerMQError (a failure without an answer as the phase it happened
@@ -70,7 +92,7 @@ class AsyncTransport:
         client_cert: str | tuple[str, str] | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
-        hdrs = dict(headers or {})
+        hdrs = {"User-Agent": USER_AGENT, **(headers or {})}
         if token:
             hdrs["Authorization"] = f"Bearer {token}"
         self.http = HttpClient(

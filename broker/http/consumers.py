@@ -9,7 +9,7 @@ them through the same handlers when the fast path is bypassed."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import orjson
 from fastapi import APIRouter, Path, Request
@@ -49,15 +49,39 @@ def received_json(received: ReceivedMessage) -> dict[str, Any]:
     return doc
 
 
-def client_of(headers: Mapping[str, str], peer: Sequence[Any] | None) -> tuple[str, str]:
-    """(client id, address) of an HTTP consumer from its headers and the ASGI scope's `client`
-    (host, port): its `X-Client-Id` header when it sends one, else its address and user agent
-    (one process, one id, whichever pooled connection it uses)."""
+class HttpClient(NamedTuple):
+    """An HTTP client as the client registry lists it (`ClientRegistry.seen`)."""
+
+    client_id: str
+    addr: str
+    client_type: str = ""
+    language: str = ""
+    version: str = ""
+
+
+# RocketMQ's client types an HTTP client may name itself by (`X-Client-Type`); anything else is
+# shown as unknown rather than trusted into the list.
+_CLIENT_TYPES = frozenset({"PRODUCER", "SIMPLE_CONSUMER", "PUSH_CONSUMER"})
+# User agents of SDKs whose language and version the list shows: product token → language.
+_SDK_AGENTS = {"ledgermq-python": "PYTHON"}
+
+
+def client_of(headers: Mapping[str, str], peer: Sequence[Any] | None) -> HttpClient:
+    """An HTTP client from its headers and the ASGI scope's `client` (host, port): its
+    `X-Client-Id` header when it sends one, else its address and user agent (one process, one
+    id, whichever pooled connection it uses); its `X-Client-Type`; and the language and version
+    of a known SDK from its `User-Agent` (`ledgermq-python/0.1.0 (...)`)."""
     host = peer[0] if peer else "?"
     addr = f"{host}:{peer[1]}" if peer else "?"
     agent = headers.get("user-agent", "")
     client_id = headers.get("x-client-id") or f"{host} {agent}".strip()
-    return client_id[:128], addr
+    client_type = headers.get("x-client-type", "")
+    product, _, rest = agent.partition("/")
+    language = _SDK_AGENTS.get(product, "")
+    version = rest.split(" ", 1)[0][:32] if language else ""
+    return HttpClient(
+        client_id[:128], addr, client_type if client_type in _CLIENT_TYPES else "", language, version
+    )
 
 
 def settled_json(results: list[AckResult]) -> dict[str, Any]:
@@ -72,11 +96,13 @@ class ConsumerHandlers:
     def __init__(self, services: BrokerServices) -> None:
         self.services = services
 
-    async def receive(self, account: Account, group: str, body: ReceiveIn, client: tuple[str, str]) -> bytes:
+    async def receive(self, account: Account, group: str, body: ReceiveIn, client: HttpClient) -> bytes:
         """Messages for `group`, invisible to it until acked, as `{"messages": [...]}`; `client`
         (`client_of`) is recorded as the group's."""
         services = self.services
-        services.clients.seen(group, body.topic, ClientProtocol.HTTP, *client)
+        services.clients.seen(group, body.topic, ClientProtocol.HTTP, client.client_id, client.addr,
+                              client_type=client.client_type, language=client.language,
+                              version=client.version)
         message_filter = None
         if body.filterType is not None or body.filterExpression is not None:
             message_filter = services.message_model.message_filter(body.filterType, body.filterExpression)

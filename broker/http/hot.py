@@ -33,11 +33,11 @@ from broker.http.codec import (
     parse_produce_raw,
     pull_binary_bytes,
 )
-from broker.http.consumers import ConsumerHandlers, GroupPath, client_of
+from broker.http.consumers import ConsumerHandlers, GroupPath, HttpClient, client_of
 from broker.http.problems import http_problem, unexpected, validation_problem
 from broker.http.schemas import AckIn, ReceiveIn
 from broker.message import Message, MessageHead
-from broker.service import MAX_PULL_MESSAGES, Account, BrokerServices
+from broker.service import MAX_PULL_MESSAGES, Account, BrokerServices, ClientProtocol
 from broker.service.pull import MessageBuilder
 from dledger.codes import DLedgerException
 from wire.limits import BodyIncomplete, BodyTooLarge, read_body
@@ -53,6 +53,7 @@ _HOT_HEADERS = {
     b"accept": "accept",
     b"user-agent": "user-agent",
     b"x-client-id": "x-client-id",
+    b"x-client-type": "x-client-type",
 }
 _CONSUMER_ROUTES = frozenset({"receive", "ack"})
 _JSON_CTYPE = JSON.encode()
@@ -179,9 +180,19 @@ class HotHandlers(ConsumerHandlers):
     services. Callers: `HotPath` and the FastAPI routes."""
 
     async def produce(
-        self, topic: str, headers: Mapping[str, str], query: Mapping[str, str], body: bytes, started: float
+        self,
+        topic: str,
+        headers: Mapping[str, str],
+        query: Mapping[str, str],
+        body: bytes,
+        started: float,
+        client: HttpClient,
     ) -> bytes:
-        """Decode, store (after commit; the caller admitted it) and answer `{"results": [...]}`."""
+        """Decode, store (after commit; the caller admitted it) and answer `{"results": [...]}`.
+        `client` is listed as a producer of `topic` (its group, as for RocketMQ 5 producers)."""
+        self.services.clients.seen(topic, topic, ClientProtocol.HTTP, client.client_id, client.addr,
+                                   client_type=client.client_type or "PRODUCER",
+                                   language=client.language, version=client.version)
         produce = self.services.produce
         try:
             msgs, qids = _decode_produce(self.services, topic, headers, query, body)
@@ -298,7 +309,9 @@ class HotPath:
                 limit = self.request_limit_bytes
                 body = await read_body(scope, receive, limit, headers.get("content-length"))
                 if kind == "produce":
-                    out = await self.h.produce(name, headers, _query(scope), body, started)
+                    out = await self.h.produce(
+                        name, headers, _query(scope), body, started, client_of(headers, scope.get("client"))
+                    )
                 elif kind == "receive":
                     got = decode_model(ReceiveIn, name, headers, body)
                     out = await self.h.receive(account, name, got, client_of(headers, scope.get("client")))

@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from broker.http.acl import account_of
 from broker.http.codec import PULL_BINARY_CONTENT_TYPE, message_json
+from broker.http.consumers import client_of
 from broker.http.hot import JSON, HotHandlers
 from broker.http.schemas import PROBLEM_RESPONSES, MessageOut, ProduceResponse, PullResponse
 from broker.message import MessageExt
@@ -171,7 +172,8 @@ def build_router(services: BrokerServices, hot: HotHandlers) -> APIRouter:
         topic = request.path_params["topic"]
         services.produce.admit(account_of(request), topic)
         body = await request.body()  # within the request limit (BodyLimitMiddleware)
-        out = await hot.produce(topic, request.headers, request.query_params, body, started)
+        client = client_of(request.headers, request.scope.get("client"))
+        out = await hot.produce(topic, request.headers, request.query_params, body, started, client)
         return Response(out, media_type=JSON)
 
     @router.get(

@@ -4,6 +4,7 @@ server + 3-member DLedger set (one set for the whole module): Python 5.1.2 (this
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from broker.grpc.protocol import Code, pb, spb, spb_grpc
 from client.admin import Admin
 from client.consumer import SimpleConsumer as HttpSimpleConsumer
 from client.mqadmin import main as mqadmin
+from client.producer import Producer as HttpProducer
 from tests.integration._grpc_harness import (
     NODE_DIR,
     SCRIPTS,
@@ -374,6 +376,13 @@ def test_concurrent_sends_through_a_slave_each_get_their_own_answer(cluster: Grp
     assert sorted(m["body"] for m in page["messages"]) == sorted(f"fwd-{i}" for i in range(60) if i != bad)
 
 
+def _client_rows(namesrv: str, group: str) -> list[dict]:
+    """`mqadmin clientList -g group --json`, decoded."""
+    out = io.StringIO()
+    assert mqadmin(["clientList", "-n", namesrv, "-g", group, "--json"], out=out) == 0
+    return orjson.loads(out.getvalue())
+
+
 def test_connected_grpc_clients_in_admin_api_and_mqadmin(cluster: GrpcSet) -> None:
     """A running simple consumer and producer show up — id, type, group, language, version — in
     the master's `GET /clients`, in the SDK's `Admin.client_list` and in `mqadmin clientList`
@@ -422,7 +431,21 @@ def test_connected_grpc_clients_in_admin_api_and_mqadmin(cluster: GrpcSet) -> No
         }
         assert rows[c["clientId"]]["addr"].startswith("127.0.0.1")
         assert rows[c["clientId"]]["brokers"] == ["broker-a"]  # one row, however many members saw it
-        assert rows[http_id]["protocol"] == "HTTP"
+        # The SDK's consumer says what it is (X-Client-Type) and which SDK (User-Agent).
+        sdk = {k: rows[http_id][k] for k in fields}
+        assert sdk == {
+            "clientType": "SIMPLE_CONSUMER",
+            "group": "g-admin",
+            "protocol": "HTTP",
+            "language": "PYTHON",
+            "version": importlib.metadata.version("ledgermq"),
+        }
+        # An SDK producer is listed under its topic, as a RocketMQ 5 producer is.
+        with HttpProducer(cluster.namesrv, client_id="http-producer@admin-test") as http_producer:
+            http_producer.send(topic, "listed")
+        producers = {r["clientId"]: r for r in _client_rows(cluster.namesrv, topic)}
+        assert producers["http-producer@admin-test"]["clientType"] == "PRODUCER"
+        assert producers["http-producer@admin-test"]["language"] == "PYTHON"
         # The console command itself, every group: a plain table through a pipe.
         table = subprocess.run(
             [str(Path(sys.executable).with_name("mqadmin")), "clientList", "-n", cluster.namesrv],
