@@ -151,7 +151,10 @@ def test_group_lag_drops_to_zero_as_a_consumer_drains(cluster: Cluster, browser:
         lag = page.get_by_test_id("group-lag")
         expect(lag).not_to_have_text("0")
         assert int(lag.inner_text().replace(",", "")) > 0
-        expect(page.get_by_test_id("clients-table")).to_contain_text("HTTP")
+        clients = page.get_by_test_id("clients-table")
+        expect(clients).to_contain_text("HTTP")
+        expect(clients).to_contain_text("SIMPLE_CONSUMER")  # the SDK says what it is and which SDK
+        expect(clients).to_contain_text("PYTHON")
         browser.screenshot("group-lagging")
         stop = threading.Event()
 
