@@ -93,7 +93,8 @@ class AsyncProducer:
     """Asyncio producer. `namesrv_addr`: `host:port;host:port` or a list; `broker_addr` for a
     single broker without a name server. See the module docstring for batching, retries and
     the errors; defaults follow Kafka's producer (linger 5 ms, 5 requests in flight per set,
-    32 MiB buffer) and the broker's batch shape (256 KiB, the size of one DLedger entry)."""
+    32 MiB buffer) and the broker's batch shape (256 KiB, the size of one DLedger entry).
+    `client_id` names this producer in the brokers' client lists (default `host@pid@random`)."""
 
     def __init__(
         self,
