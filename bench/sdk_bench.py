@@ -505,6 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phases", default=",".join([*PHASES, "keyed_vs_plain", "nats"]))
     ap.add_argument("--baseline", help="git revision whose client/ also runs every client phase")
     ap.add_argument("--keep", action="store_true", help="keep the brokers' directory")
+    ap.add_argument(
+        "--keyed-rounds", type=int, default=3, help="alternated plain/keyed pairs of keyed_vs_plain"
+    )
     args = ap.parse_args(argv)
     phases = args.phases.split(",")
     workdir = Path(tempfile.mkdtemp(prefix="sdk-bench-"))
@@ -541,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
                     res["brokers_cpu_us_per_msg"] = round(sum(used.values()) / res["messages"] * 1e6, 1)
                 print(f"{name:<18}{label:<22}{res}", flush=True)
         if "keyed_vs_plain" in phases:
-            report["keyed_vs_plain"] = keyed_vs_plain(cluster, master, args.seconds)
+            report["keyed_vs_plain"] = keyed_vs_plain(cluster, master, args.seconds, args.keyed_rounds)
             print(f"keyed_vs_plain    {report['keyed_vs_plain']}", flush=True)
     finally:
         cluster.stop()
