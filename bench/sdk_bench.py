@@ -26,7 +26,7 @@ the report; compare rows of one run.
 
 Prints a table, writes bench/results/sdk_bench.json.
 
-    .venv/bin/python bench/sdk_bench.py [--seconds 5] [--baseline main] [--phases ...]
+    .venv/bin/python bench/sdk_bench.py [--seconds 5] [--baseline main] [--phases ...] [--keyed-rounds 3]
 """
 
 from __future__ import annotations
