@@ -17,7 +17,9 @@ import asyncio
 import logging
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from broker.errors import BrokerCode, BrokerError
@@ -215,9 +217,15 @@ class IdempotencyTable:
         held = self._held(topic)
         if not held:
             return None
+        try:
+            encoded = list(map(str.encode, keys))
+        except UnicodeEncodeError:  # a lone surrogate (JSON can carry one): kept, not refused
+            encoded = [key.encode("utf-8", "surrogatepass") for key in keys]
+        # New keys, the common case: each bucket probed for the whole batch in one C loop.
+        if all(bucket_keys.keys().isdisjoint(encoded) for bucket_keys in held):
+            return None
         hits = None
-        for i, key in enumerate(keys):
-            k = key.encode("utf-8", "surrogatepass")
+        for i, k in enumerate(encoded):
             for bucket_keys in held:
                 packed = bucket_keys.get(k)
                 if packed is not None:
@@ -267,8 +275,31 @@ class IdempotencyTable:
             held.insert(0, into)
         stamp = (store_ts_ms & _TS_MASK) | hid << 48
         room = self._bucket_keys - bucket.count
-        added = 0
         pack = _RESULT.pack
+        n = len(keys)
+        if n <= room and all(bucket_keys.keys().isdisjoint(keys) for bucket_keys in held):
+            # New keys that fit the bucket, the common case: probed and inserted in C loops. In
+            # reverse, so a key twice in the run keeps its first result.
+            if len(at) != n:
+                raise ValueError(f"{n} keys for {len(at)} positions")
+            if len(units) == n:  # every message of the run keyed: `at` is 0..n-1
+                runs = units
+                queue_offsets: Iterable[int] = range(first_queue_offset, first_queue_offset + n)
+            else:
+                runs = [units[j] for j in at]
+                queue_offsets = [first_queue_offset + j for j in at]
+            before = len(into)
+            into.update(zip(reversed(keys), reversed(list(map(
+                pack, repeat(stamp), map(itemgetter(0), runs), queue_offsets, map(itemgetter(1), runs),
+                repeat(queue_id),
+            ))), strict=True))
+            added = len(into) - before
+            bucket.count += added
+            self._size += added
+            while self._size > self.max_keys:
+                self._evict_oldest()
+            return
+        added = 0
         for key, j in zip(keys, at, strict=True):
             for bucket_keys in held:
                 if key in bucket_keys:

@@ -1,5 +1,7 @@
 """Consumer offset records and the idempotency table (plain objects, no I/O)."""
 
+import time
+
 import pytest
 
 from broker.errors import BrokerCode, BrokerError
@@ -143,3 +145,37 @@ def test_idempotency_run_of_keys_fills_buckets_in_order_and_keeps_first_results(
     first_k3 = t.get("T", "k3", now_ms=3_000)
     assert first_k3 is not None and first_k3.commit_log_offset == units[4][0]
     assert first_k3.queue_offset == 2**40 + 4 and first_k3.msg_id == f"0A00000100002AAF{units[4][0]:016X}"
+
+
+def test_idempotency_run_of_new_keys_keeps_the_first_of_a_key_twice_in_the_run():
+    """The common case — every key of the run new, fitting the bucket — is taken in bulk: a key
+    twice in the run still keeps its first result, and counts once."""
+    t = IdempotencyTable(window_ms=600_000, max_keys=400)  # buckets of at most 100 keys
+    host = bytes.fromhex("0A00000100002AAF")
+    keys = [b"k%d" % n for n in range(5)] + [b"k2"]
+    units = [(10**12 + n * 1_100, 1_100) for n in range(len(keys))]
+    now = int(time.time() * 1000)  # `first_results` reads the clock
+    t.remember_run("T", 3, now, host, keys, 2**40, units, list(range(len(keys))))
+    assert len(t) == 5 and [b.count for b in t._buckets] == [5]
+    k2 = t.get("T", "k2", now_ms=now)
+    assert k2 == PutResult(f"0A00000100002AAF{units[2][0]:016X}", 3, 2**40 + 2, units[2][0], 1_100)
+    assert t.first_results("T", ["x", "k2", "k4"]) == {1: k2, 2: t.get("T", "k4", now_ms=now)}
+    assert t.first_results("T", ["x", "y"]) is None
+
+
+def test_idempotency_run_with_unkeyed_messages_maps_each_key_to_its_own_message():
+    """A run where only some messages carry a key: `at` says which unit each key belongs to."""
+    t = IdempotencyTable(window_ms=600_000)
+    host = bytes.fromhex("0A00000100002AAF")
+    units = [(10**12 + n * 1_100, 1_000 + n) for n in range(6)]
+    t.remember_run("T", 1, 2_000, host, [b"a", b"b"], 500, units, [1, 4])
+    a, b = t.get("T", "a", now_ms=2_500), t.get("T", "b", now_ms=2_500)
+    assert (a.queue_offset, a.commit_log_offset, a.store_size) == (501, units[1][0], 1_001)
+    assert (b.queue_offset, b.commit_log_offset, b.store_size) == (504, units[4][0], 1_004)
+
+
+def test_idempotency_lookup_of_a_key_with_a_lone_surrogate():
+    """JSON can carry a lone surrogate in a key: it is held and found, not refused."""
+    t = IdempotencyTable(window_ms=600_000)
+    t.remember("T", "k\ud800", _put(1), store_ts_ms=int(time.time() * 1000))
+    assert t.first_results("T", ["new", "k\ud800"]) == {1: _put(1)}
