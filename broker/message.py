@@ -31,6 +31,7 @@ import functools
 import itertools
 import logging
 import os
+import re
 import struct
 import time
 import uuid
@@ -278,7 +279,6 @@ def plain_tail_signature(topic_raw: bytes) -> tuple[bytes, int]:
 
 _KEYED_HEAD = f"{PROPERTY_IDEMPOTENCY_KEY}{NAME_VALUE_SEPARATOR}".encode()
 _KEYED_UNIQ = (PROPERTY_SEPARATOR + PROPERTY_UNIQ_KEY + NAME_VALUE_SEPARATOR).encode()
-KEYED_UNIQ_MARK = _KEYED_UNIQ  # between the key and the UNIQ_KEY of the SDK's shape
 _KEYED_TAIL_LEN = len(_KEYED_UNIQ) + 32 + 1  # \x02UNIQ_KEY\x01, 32 hex digits, \x02
 # The properties of a message with just an idempotency key, as `properties_to_bytes` writes them
 # (`all_properties` puts the key before the generated UNIQ_KEY): the key, then the UNIQ_KEY counter.
@@ -314,13 +314,18 @@ def keyed_plain_key(
     return props[len(_KEYED_HEAD):key_end]
 
 
-def keyed_signature(topic_field: bytes, key_len: int) -> tuple[bytes, int, int]:
+@functools.lru_cache(maxsize=256)
+def keyed_tail(topic_field: bytes, key_len: int) -> re.Pattern[bytes]:
     """What follows the body of a message of the topic stored as `topic_field` (length byte and
     name) whose only properties are an idempotency key of `key_len` UTF-8 bytes then a generated
-    UNIQ_KEY (the SDK's shape), up to the key: (those bytes, their length = where the key starts,
-    `key_len`). The dispatcher tells such messages by one comparison and reads the key after it."""
-    sig = topic_field + _SHORT.pack(len(_KEYED_HEAD) + key_len + _KEYED_TAIL_LEN) + _KEYED_HEAD
-    return sig, len(sig), key_len
+    UNIQ_KEY (the SDK's shape), as a pattern to `fullmatch` from the topic field to the message's
+    end, the key its group 1: what `keyed_plain_key` reads (no separator in the key or the
+    UNIQ_KEY), in one C call. The dispatcher reads a run's keys with it."""
+    head = topic_field + _SHORT.pack(len(_KEYED_HEAD) + key_len + _KEYED_TAIL_LEN) + _KEYED_HEAD
+    return re.compile(
+        re.escape(head) + rb"([^\x01\x02]{%d})" % key_len + re.escape(_KEYED_UNIQ)
+        + rb"[^\x01\x02]{%d}\x02" % (_KEYED_TAIL_LEN - len(_KEYED_UNIQ) - 1)
+    )
 
 
 @functools.lru_cache(maxsize=10_000)

@@ -15,20 +15,22 @@ import asyncio
 import heapq
 import itertools
 import logging
+import re
 import struct
+from collections.abc import Callable
+from typing import Any
 
 from broker.errors import BrokerCode, BrokerError
 from broker.message import (
     BODY_LENGTH_POSITION,
     FIXED_OVERHEAD,
     IDEMPOTENCY_MARK,
-    KEYED_UNIQ_MARK,
     MESSAGE_MAGIC_CODE,
     STORE_TIMESTAMP_POSITION,
     TAGS_MARK,
     DispatchInfo,
     keyed_plain_key,
-    keyed_signature,
+    keyed_tail,
     message_id_prefix,
     parse_message,
     plain_tail_signature,
@@ -204,16 +206,15 @@ class ReputMessageService:
         end = len(data)
         off = 0
         unpack_head = _RUN_HEAD.unpack_from
-        uniq_mark_len = len(KEYED_UNIQ_MARK)
         run_sig = b""  # plain_tail_signature of the current run's topic; b"": no run
         run_topic_f = b""  # the run's topic field as stored
         run_tail = run_qid = first_qoff = next_qoff = sig_len = -1
         run_cq: ConsumeQueue | None = None
         units: list[tuple[int, int]] = []
-        # The run's keyed shape (keyed_signature): its signature, where the key starts after the
-        # body, the key's length, the length of all that follows the body; and the run's keys so
-        # far that share a store stamp (timestamp and host: `key_stamp`), with their unit indexes.
-        key_sig, key_at, key_len, key_tail = b"", -1, -1, -1
+        # The run's keyed shape (keyed_tail: its `fullmatch`, None until the run has a key); and
+        # the run's keys so far that share a store stamp (timestamp and host: `key_stamp`), with
+        # their unit indexes.
+        key_match: Callable[[Any, int, int], re.Match[bytes] | None] | None = None
         key_stamp = b""
         keys: list[bytes] = []
         key_units: list[int] = []
@@ -237,21 +238,12 @@ class ReputMessageService:
                     next_qoff += 1
                     off = msg_end
                     continue
-                if msg_end - topic_at == key_tail and data[topic_at:topic_at + key_at] == key_sig:
-                    # key, \x02UNIQ_KEY\x01, UNIQ_KEY, \x02 and no other separator: what
-                    # keyed_plain_key checks (= what bytes_to_properties would read)
-                    tail = bytes(data[topic_at + key_at:msg_end])
-                    key = (
-                        tail[:key_len]
-                        if tail.count(1) == 1 and tail.count(2) == 2 and tail[-1] == 2
-                        and tail[key_len:key_len + uniq_mark_len] == KEYED_UNIQ_MARK
-                        else None
-                    )
+                if key_match is not None and (found := key_match(data, topic_at, msg_end)) is not None:
+                    key = found[1]
                 else:
                     key = keyed_plain_key(data, topic_at, msg_end, run_topic_f)
                     if key is not None:
-                        key_sig, key_at, key_len = keyed_signature(run_topic_f, len(key))
-                        key_tail = msg_end - topic_at
+                        key_match = keyed_tail(run_topic_f, len(key)).fullmatch
                 if key is not None:  # the SDK's shape: the same, plus an idempotency key
                     at = off + STORE_TIMESTAMP_POSITION
                     if data[at:at + _STORE_STAMP_SIZE] != key_stamp:
@@ -264,7 +256,7 @@ class ReputMessageService:
                     off = msg_end
                     continue
             self._end_run(run_cq, first_qoff, units, key_stamp, keys, key_units)
-            run_sig, run_cq, units, next_qoff, key_tail = b"", None, [], -1, -1
+            run_sig, run_cq, units, next_qoff, key_match = b"", None, [], -1, None
             key_stamp, keys, key_units = b"", [], []
             if self.dispatch(data[off:msg_end], phys) and body_len >= 0:
                 raw = bytes(data[topic_at + 1:topic_at + 1 + data[topic_at]])

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from broker.config import BrokerConfig
-from broker.message import Message, encode_batch, encode_message, keyed_plain_key
+from broker.message import Message, encode_batch, encode_message, keyed_plain_key, keyed_tail
 from broker.store.message_store import DefaultMessageStore
 
 HOST = "127.0.0.1:10911"
@@ -99,7 +99,12 @@ def test_keyed_plain_key_reads_only_the_sdk_shape():
     def key_of(buf: bytes, topic: str = "T1") -> bytes | None:
         topic_at = 84 + 4 + int.from_bytes(buf[84:88], "big")
         field = bytes([len(topic)]) + topic.encode()
-        return keyed_plain_key(buf, topic_at, len(buf), field)
+        key = keyed_plain_key(buf, topic_at, len(buf), field)
+        # The dispatcher's pattern for a run's key length reads exactly the same.
+        for length in {1, 3, 8, len(key or b"")}:
+            found = keyed_tail(field, length).fullmatch(memoryview(buf), topic_at, len(buf))
+            assert (found[1] if found else None) == (key if key is not None and len(key) == length else None)
+        return key
 
     assert key_of(stored(Message("T1", b"x", idempotency_key="k-1"))) == b"k-1"
     assert key_of(stored(Message("T1", b"x", idempotency_key="ключ"))) == "ключ".encode()
