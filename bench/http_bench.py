@@ -108,19 +108,27 @@ def keyed_requests(host: str, batch: int, size: int) -> Iterator[bytes]:
 
 
 async def produce_worker(
-    host: str, port: int, clients: int, seconds: float, batch: int, size: int, keyed: bool = False
+    host: str, port: int, clients: int, seconds: float, batch: int, size: int, keyed: bool = False,
+    rate: float = 0,
 ) -> dict:
+    """`clients` connections producing batches for `seconds`: each as fast as it is answered, or,
+    with `rate` (messages a second for the whole worker), each on a fixed schedule."""
     raw = http_request("POST", host, f"/topics/{TOPIC}/messages", produce_body(batch, size))
     keyed_raw = keyed_requests(host, batch, size) if keyed else None
     lat: list[float] = []
     errors = 0
     deadline = time.perf_counter() + seconds
+    interval = clients * batch / rate if rate else 0.0
 
-    async def client() -> None:
+    async def client(n: int) -> None:
         nonlocal errors
         conn = await Conn.open(host, port)
+        due = time.perf_counter() + interval * n / clients
         try:
             while time.perf_counter() < deadline:
+                if interval:
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                    due += interval
                 req = next(keyed_raw) if keyed_raw is not None else raw
                 t0 = time.perf_counter()
                 status, _ = await conn.request(req)
@@ -132,7 +140,7 @@ async def produce_worker(
             conn.close()
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(clients)))
+    await asyncio.gather(*(client(n) for n in range(clients)))
     return {
         "requests": len(lat),
         "messages": len(lat) * batch,

@@ -13,6 +13,8 @@ bodies, no batches built by the caller:
   pull_iterator     `PullConsumer.iterate` over every queue, drained       target >= 150,000 msgs/s
   keyed_vs_plain    broker CPU per message, every message with an SDK-shaped key against none,
                     batches of 100 from bench/http_bench.py's raw client   target <= 1.2x
+                    flat out, and again with the same load offered to both (--keyed-rate,
+                    20,000 msgs/s by default: under what either kind reaches)
 
 The NATS peer: three nats-server processes (Debian's `nats-server`), a stream with 3 replicas on
 file storage, nats-py: 64 coroutines awaiting `js.publish` (the same shape as async_send_64) and
@@ -27,6 +29,7 @@ the report; compare rows of one run.
 Prints a table, writes bench/results/sdk_bench.json.
 
     .venv/bin/python bench/sdk_bench.py [--seconds 5] [--baseline main] [--phases ...] [--keyed-rounds 3]
+        [--keyed-rate 20000]
 """
 
 from __future__ import annotations
@@ -280,14 +283,21 @@ def baseline_source(ref: str, into: Path) -> str:
 
 
 # ---- broker CPU: keyed against plain produce --------------------------------------------------------
-def keyed_vs_plain(cluster: Cluster, master: str, seconds: float, rounds: int = 3) -> dict[str, Any]:
+def keyed_vs_plain(
+    cluster: Cluster, master: str, seconds: float, rounds: int = 3, rate: float = 0
+) -> dict[str, Any]:
     """Broker CPU per message for batches of 100 x 1 KB from the raw client, with and without an
     SDK-shaped key on every message (the master's CPU, and all three members').
 
     The two alternate in `rounds` pairs of `seconds` / 2 each (plain then keyed, keyed then plain,
     ...): on a shared machine the speed of the whole set drifts by tens of percent within a minute,
     and one plain phase followed by one keyed phase measured that drift as often as the keys. The
-    ratio is of the sums over all rounds; each pair's own ratio is listed beside it."""
+    ratio is of the sums over all rounds; each pair's own ratio is listed beside it.
+
+    With `rate` (msgs/s) both kinds are offered that load on a fixed schedule instead of as fast
+    as the set answers: then both do the same work a second, and the ratio is the keys' own cost.
+    Flat out, the slower keyed phase also spreads the set's per-request and per-wake-up costs over
+    fewer messages a second (less batching in the pushes and the fsyncs), which the ratio counts too."""
     host, port = cluster.addrs[master].split(":")
     totals = {kind: {"messages": 0, "elapsed": 0.0, "master": 0.0, "all": 0.0} for kind in ("plain", "keyed")}
     pairs: list[float] = []
@@ -295,7 +305,7 @@ def keyed_vs_plain(cluster: Cluster, master: str, seconds: float, rounds: int = 
         per_msg: dict[bool, float] = {}
         for keyed in ((False, True) if r % 2 == 0 else (True, False)):
             before = cluster.cpu()
-            res = run_phase("produce", [(host, int(port), 8, seconds / 2, 100, 1024, keyed)])
+            res = run_phase("produce", [(host, int(port), 8, seconds / 2, 100, 1024, keyed, rate)])
             after = cluster.cpu()
             used = {sid: after[sid] - before[sid] for sid in cluster.addrs if after[sid] is not None}
             t = totals["keyed" if keyed else "plain"]
@@ -313,6 +323,7 @@ def keyed_vs_plain(cluster: Cluster, master: str, seconds: float, rounds: int = 
         }
         for kind, t in totals.items()
     }
+    out["offered_msgs_per_s"] = rate or "as fast as answered"
     out["ratio_master"] = round(
         out["keyed"]["master_cpu_us_per_msg"] / out["plain"]["master_cpu_us_per_msg"], 2
     )
@@ -508,6 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--keyed-rounds", type=int, default=3, help="alternated plain/keyed pairs of keyed_vs_plain"
     )
+    ap.add_argument(
+        "--keyed-rate", type=float, default=20_000,
+        help="keyed_vs_plain again with this load offered (msgs/s) to both kinds; 0: not",
+    )
     args = ap.parse_args(argv)
     phases = args.phases.split(",")
     workdir = Path(tempfile.mkdtemp(prefix="sdk-bench-"))
@@ -546,6 +561,11 @@ def main(argv: list[str] | None = None) -> int:
         if "keyed_vs_plain" in phases:
             report["keyed_vs_plain"] = keyed_vs_plain(cluster, master, args.seconds, args.keyed_rounds)
             print(f"keyed_vs_plain    {report['keyed_vs_plain']}", flush=True)
+            if args.keyed_rate:
+                report["keyed_vs_plain_at_rate"] = keyed_vs_plain(
+                    cluster, master, args.seconds, args.keyed_rounds, args.keyed_rate
+                )
+                print(f"keyed_vs_plain at rate {report['keyed_vs_plain_at_rate']}", flush=True)
     finally:
         cluster.stop()
         if not args.keep:
@@ -593,13 +613,17 @@ def _print_table(report: dict[str, Any]) -> None:
                 f"{name:<18}{label:<22}{r['msgs_per_s']:>10}{r.get('p50_ms')!s:>9}{r.get('p99_ms')!s:>9}"
                 f"{r['client_cpu_us_per_msg']!s:>11}{r.get('master_cpu_us_per_msg')!s:>10}  {target}"
             )
-    if "keyed_vs_plain" in report:
-        k = report["keyed_vs_plain"]
-        print(
-            f"keyed vs plain master CPU per message: {k['keyed']['master_cpu_us_per_msg']} / "
-            f"{k['plain']['master_cpu_us_per_msg']} us = {k['ratio_master']}x (target <= 1.2x); "
-            f"each round: {k['ratio_master_per_round']}"
-        )
+    for key in ("keyed_vs_plain", "keyed_vs_plain_at_rate"):
+        if key in report:
+            k = report[key]
+            offered = k["offered_msgs_per_s"]
+            load = f"{offered:g} msgs/s offered" if isinstance(offered, int | float) else offered
+            print(
+                f"keyed vs plain master CPU per message ({load}, "
+                f"{k['keyed']['msgs_per_s']} / {k['plain']['msgs_per_s']} msgs/s): "
+                f"{k['keyed']['master_cpu_us_per_msg']} / {k['plain']['master_cpu_us_per_msg']} us = "
+                f"{k['ratio_master']}x (target <= 1.2x); each round: {k['ratio_master_per_round']}"
+            )
     nats_r = report.get("nats_r3")
     if nats_r:
         print(f"NATS JetStream R3, nats-py: {nats_r}")
