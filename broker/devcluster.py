@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -86,6 +87,14 @@ class DevCluster:
         self.grpc_addrs: dict[str, dict[str, str]] = {}
         self.namesrv_addr = "127.0.0.1:9876"
         self.reported: set[str] = set()
+        # TLS as the members' files set it: their listeners' scheme, the name server's (the
+        # members' `tls.enable`), and the CA their `tls.client.trustCertPath` names — what this
+        # run's probes, the console and the banner's curl lines use too.
+        self.schemes: dict[str, str] = {}  # member HTTP address -> http / https
+        self.namesrv_scheme = "http"
+        self.ca_file = ""
+        self._verify: ssl.SSLContext | bool = True
+        self.last_probe_error = ""
 
     def _spawn(self, name: str, args: list[str]) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -99,7 +108,8 @@ class DevCluster:
         self._spawn("namesrv", ["namesrv", "-c", str(ns_conf)])
         for k in range(self.sets):
             self._start_set(k)
-        self._spawn("console", ["console", "-n", self.namesrv_addr, "--port", str(self.console_port)])
+        ca = ["--ca-file", self.ca_file] if self.ca_file else []
+        self._spawn("console", ["console", "-n", self.namesrv_addr, "--port", str(self.console_port), *ca])
 
     def _start_set(self, k: int) -> None:
         name = set_name(k)
@@ -110,6 +120,11 @@ class DevCluster:
             try:
                 cfg = load_broker_config(str(conf), overrides)
                 addrs[sid] = cfg.broker_addr
+                self.schemes[cfg.broker_addr] = "https" if cfg.listener.tls else "http"
+                self.namesrv_scheme = cfg.tls_client.scheme
+                if cfg.tls_client.enable:
+                    self.ca_file = cfg.tls_client.trust_cert_path
+                    self._verify = cfg.tls_client.ssl_context() or True
                 if cfg.grpc_addr:
                     self.grpc_addrs.setdefault(name, {})[sid] = cfg.grpc_addr
                 self.namesrv_addr = cfg.namesrv_addr_list[0] if cfg.namesrv_addr_list else self.namesrv_addr
@@ -139,10 +154,22 @@ class DevCluster:
                 return f"every member of {name} exited"
         return None
 
+    def url(self, addr: str) -> str:
+        """A member's base URL (https when its listener serves TLS)."""
+        return f"{self.schemes.get(addr, 'http')}://{addr}"
+
+    def _get(self, url: str) -> Any:
+        """GET a probe's JSON; its failure is kept in `last_probe_error` (said if no master shows)."""
+        try:
+            return httpx.get(url, timeout=0.5, verify=self._verify).json()
+        except (httpx.HTTPError, ValueError) as exc:
+            self.last_probe_error = f"{url}: {type(exc).__name__}: {exc}"
+            raise
+
     def registered(self) -> bool:
         """Whether this run's name server answers and lists every set with its master."""
         try:
-            brokers = httpx.get(f"http://{self.namesrv_addr}/cluster", timeout=0.5).json().get("brokers", {})
+            brokers = self._get(f"{self.namesrv_scheme}://{self.namesrv_addr}/cluster").get("brokers", {})
         except (httpx.HTTPError, ValueError, AttributeError):
             return False
         return all(brokers.get(name, {}).get("masterAddr") for name in self.broker_addrs)
@@ -151,7 +178,7 @@ class DevCluster:
         """(selfId, address) of set `name`'s master, if one answers."""
         for sid, addr in self.broker_addrs.get(name, {}).items():
             try:
-                st = httpx.get(f"http://{addr}/status", timeout=0.5).json()
+                st = self._get(f"{self.url(addr)}/status")
             except (httpx.HTTPError, ValueError):
                 continue
             if st.get("role") == "MASTER":
@@ -226,23 +253,28 @@ def banner(masters: dict[str, tuple[str, str] | None], cluster: DevCluster) -> s
         for sid, addr in addrs.items():
             role = "master" if master and master[0] == sid else "slave"
             grpc = f"  grpc {grpc_addrs[sid]}" if sid in grpc_addrs else ""
-            lines.append(f"  {sid}  http://{addr}{grpc}  ({role})")
+            lines.append(f"  {sid}  {cluster.url(addr)}{grpc}  ({role})")
         if master is None:
             lines.append("  (no master elected yet)")
+            if cluster.last_probe_error:
+                lines.append(f"  last probe: {cluster.last_probe_error}")
     first = next(iter(cluster.broker_addrs), "")
     master = masters.get(first)
     m = master[1] if master else next(iter(cluster.broker_addrs.get(first, {}).values()), "127.0.0.1:10911")
+    u = cluster.url(m)
+    curl = f"curl -s --cacert {cluster.ca_file}" if u.startswith("https") and cluster.ca_file else "curl -s"
+    ns_tls = f" --ca-file {cluster.ca_file}" if cluster.namesrv_scheme == "https" and cluster.ca_file else ""
     if len(cluster.broker_addrs) > 1:
         lines += ["", f"The curl lines below go to {first}'s master; the SDK and mqadmin span every set."]
     lines += [
         "",
         "Produce:",
-        f"  curl -s -X POST http://{m}/topics/demo/messages -H 'Content-Type: application/json' \\",
+        f"  {curl} -X POST {u}/topics/demo/messages -H 'Content-Type: application/json' \\",
         '       -d \'{"messages": [{"body": "hello", "tags": "greeting", "queueId": 0}]}\'',
         "Consume (long poll up to 10 s):",
-        f"  curl -s 'http://{m}/topics/demo/queues/0/messages?offset=0&maxMessages=32&waitMs=10000'",
+        f"  {curl} '{u}/topics/demo/queues/0/messages?offset=0&maxMessages=32&waitMs=10000'",
         "Group consumption:",
-        f"  curl -s -X POST http://{m}/consumers/demo-group/receive -H 'Content-Type: application/json' \\",
+        f"  {curl} -X POST {u}/consumers/demo-group/receive -H 'Content-Type: application/json' \\",
         '       -d \'{"topic": "demo", "maxMessages": 16, "invisibleMs": 30000, "waitMs": 5000}\'',
         *(
             [
@@ -253,8 +285,8 @@ def banner(masters: dict[str, tuple[str, str] | None], cluster: DevCluster) -> s
             else []
         ),
         "Operate:",
-        f"  {_command('mqadmin')} clusterList -n {cluster.namesrv_addr}     |  curl -s http://{m}/status",
-        f"  API docs: http://{m}/docs     metrics: http://{m}/metrics",
+        f"  {_command('mqadmin')} clusterList -n {cluster.namesrv_addr}{ns_tls}     |  {curl} {u}/status",
+        f"  API docs: {u}/docs     metrics: {u}/metrics",
         f"Console: http://127.0.0.1:{cluster.console_port}/",
         "",
         f"Store and logs: {cluster.store_dir}   (Ctrl-C stops everything)",
@@ -329,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             now = cluster.masters()
             for name, master in now.items():
                 if master and master != last.get(name):
-                    print(f"  {name}: master is now {master[0]} at http://{master[1]}", flush=True)
+                    print(f"  {name}: master is now {master[0]} at {cluster.url(master[1])}", flush=True)
             last = {name: master or last.get(name) for name, master in now.items()}
     finally:
         print("Stopping...", flush=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from broker.devcluster import SET_PORT_STEP, set_overrides
 from client import Admin, Producer
 from tests.integration._ledgermq_procs import CONF, REPO, read_conf, write_conf
 from tests.ports import free_port
+from tests.tls_certs import make_pki
 
 pytestmark = pytest.mark.slow
 
@@ -41,15 +43,19 @@ def _port_with_next_set_free() -> int:
             return port
 
 
-def _conf_dir(root: Path) -> tuple[Path, str, list[int]]:
-    """conf/namesrv.conf and conf/dledger/broker-n{0,1,2}.conf on free ports; (dir, namesrv, HTTP ports)."""
+def _conf_dir(
+    root: Path, ns_extra: dict[str, str] | None = None, broker_extra: dict[str, str] | None = None
+) -> tuple[Path, str, list[int]]:
+    """conf/namesrv.conf and conf/dledger/broker-n{0,1,2}.conf on free ports (plus the `*_extra`
+    keys); (dir, namesrv, HTTP ports)."""
     ns = f"127.0.0.1:{free_port()}"
-    write_conf(CONF / "namesrv.conf", root / "namesrv.conf", {"listenPort": ns.rpartition(":")[2]})
+    ns_values = {"listenPort": ns.rpartition(":")[2], **(ns_extra or {})}
+    write_conf(CONF / "namesrv.conf", root / "namesrv.conf", ns_values)
     http = [_port_with_next_set_free() for _ in range(3)]
     peers = ";".join(f"n{i}-127.0.0.1:{_port_with_next_set_free()}" for i in range(3))
     for i in range(3):
         src = CONF / "dledger" / f"broker-n{i}.conf"
-        values = {"listenPort": str(http[i]), "dLegerPeers": peers, "namesrvAddr": ns}
+        values = {"listenPort": str(http[i]), "dLegerPeers": peers, "namesrvAddr": ns, **(broker_extra or {})}
         if "grpcServerPort" in dict(read_conf(src)):
             values["grpcServerPort"] = str(_port_with_next_set_free())
         write_conf(src, root / "dledger" / f"broker-n{i}.conf", values)
@@ -194,4 +200,56 @@ def test_a_failed_start_prints_why_no_banner_keeps_the_logs_and_exits_1(tmp_path
     assert [p.name for p in kept.parent.iterdir()] == ["logs"]  # the store itself is gone
     assert "Stopped." in text
     for port in [int(ns.rpartition(":")[2]), *http]:
+        assert _bindable(port), f"port {port} still served after ledgermq-run stopped"
+
+
+def test_ledgermq_run_over_tls_waits_for_the_masters_and_prints_https_lines(tmp_path):
+    """Files that serve HTTPS (`tls.server.mode=enforcing`) and register over it (`tls.enable`,
+    `tls.client.trustCertPath`): the run's probes speak TLS with that CA, so the banner names the
+    masters (it said "no master elected yet" after probing plain HTTP), with https URLs and curl
+    lines that carry the CA — and those lines work."""
+    pki = make_pki(tmp_path / "pki")
+    server_tls = {
+        "tls.server.mode": "enforcing",
+        "tls.server.certPath": str(pki.server_cert),
+        "tls.server.keyPath": str(pki.server_key),
+    }
+    client_tls = {"tls.enable": "true", "tls.client.trustCertPath": str(pki.ca)}
+    conf_dir, ns, http = _conf_dir(tmp_path / "conf", server_tls, {**server_tls, **client_tls})
+    out_path = tmp_path / "run.out"
+    with open(out_path, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "broker.devcluster", "--conf-dir", str(conf_dir),
+             "--wait-master-s", "60", "--console-port", str(free_port())],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "TMPDIR": str(tmp_path)},
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while "Store and logs:" not in out_path.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, out_path.read_text()
+            time.sleep(0.2)
+        banner = out_path.read_text()
+        assert "no master elected yet" not in banner and "(master)" in banner, banner
+        assert all(f"https://127.0.0.1:{port}" in banner for port in http), banner
+        produce = next(ln for ln in banner.splitlines() if "/topics/demo/messages" in ln)
+        assert f"curl -s --cacert {pki.ca} -X POST https://" in produce, banner
+        assert f"--ca-file {pki.ca}" in banner, banner  # the mqadmin line
+        master = produce.split("https://", 1)[1].split("/", 1)[0]
+        verify = ssl.create_default_context(cafile=str(pki.ca))
+        r = httpx.post(f"https://{master}/topics/demo/messages", json={"messages": [{"body": "hi"}]},
+                       verify=verify, timeout=10)
+        assert r.status_code == 200, r.text
+        cluster = httpx.get(f"https://{ns}/cluster", verify=verify, timeout=10).json()["brokers"]
+        assert cluster["broker-a"]["masterAddr"] == master
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert rc == 0, out_path.read_text()
+    for port in http:
         assert _bindable(port), f"port {port} still served after ledgermq-run stopped"
