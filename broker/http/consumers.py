@@ -66,6 +66,17 @@ _CLIENT_TYPES = frozenset({"PRODUCER", "SIMPLE_CONSUMER", "PUSH_CONSUMER"})
 _SDK_AGENTS = {"ledgermq-python": "PYTHON"}
 
 
+def _utf8(value: str) -> str:
+    """A header value as the UTF-8 its bytes most likely are (ASGI hands them over as Latin-1, so
+    a UTF-8 client id read as-is shows as mojibake); the Latin-1 reading when they are not UTF-8."""
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
+
+
 def client_of(headers: Mapping[str, str], peer: Sequence[Any] | None) -> HttpClient:
     """An HTTP client from its headers and the ASGI scope's `client` (host, port): its
     `X-Client-Id` header when it sends one, else its address and user agent (one process, one
@@ -74,7 +85,7 @@ def client_of(headers: Mapping[str, str], peer: Sequence[Any] | None) -> HttpCli
     host = peer[0] if peer else "?"
     addr = f"{host}:{peer[1]}" if peer else "?"
     agent = headers.get("user-agent", "")
-    client_id = headers.get("x-client-id") or f"{host} {agent}".strip()
+    client_id = _utf8(headers.get("x-client-id", "")) or f"{host} {agent}".strip()
     client_type = headers.get("x-client-type", "")
     product, _, rest = agent.partition("/")
     language = _SDK_AGENTS.get(product, "")
