@@ -84,20 +84,9 @@ def test_ledgermq_run_sets_2_starts_two_sets_that_one_topic_spans(tmp_path):
     conf_dir, ns, http = _conf_dir(tmp_path / "conf")
     console_port = free_port()
     console_held = _held(console_port)
-    out_path = tmp_path / "run.out"
-    with open(out_path, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.devcluster", "--sets", "2", "--conf-dir", str(conf_dir),
-             "--wait-master-s", "60", "--console-port", str(console_port)],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "TMPDIR": str(tmp_path)},  # its temporary store goes here
-        )
+    proc, out_path = _ledgermq_run(conf_dir, tmp_path, "--sets", "2", "--console-port", str(console_port))
     try:
-        deadline = time.monotonic() + 90
-        while "Store and logs:" not in out_path.read_text() and time.monotonic() < deadline:
-            assert proc.poll() is None, out_path.read_text()
-            time.sleep(0.2)
-        banner = out_path.read_text()
+        banner = _wait_banner(proc, out_path)
         assert "broker set broker-a:" in banner and "broker set broker-b:" in banner, banner
         assert "no master elected yet" not in banner, banner
 
@@ -132,14 +121,10 @@ def test_ledgermq_run_sets_2_starts_two_sets_that_one_topic_spans(tmp_path):
         while "! console exited" not in out_path.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
         try:
-            rc = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-        console_held.close()
+            rc = _stop(proc)
+        finally:
+            console_held.close()
     text = out_path.read_text()
     assert rc == 0, text
     assert "Stopped." in text
@@ -160,21 +145,47 @@ def _held(port: int) -> socket.socket:
     return s
 
 
+def _ledgermq_run(conf_dir: Path, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
+    """`ledgermq-run --conf-dir conf_dir *args`, its output in a file, its temporary store under
+    tmp_path."""
+    out_path = tmp_path / "run.out"
+    with open(out_path, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "broker.devcluster", "--conf-dir", str(conf_dir), "--wait-master-s", "60",
+             *args],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "TMPDIR": str(tmp_path)},  # its temporary store goes here
+        )
+    return proc, out_path
+
+
+def _wait_banner(proc: subprocess.Popen, out_path: Path, timeout_s: float = 90) -> str:
+    deadline = time.monotonic() + timeout_s
+    while "Store and logs:" not in out_path.read_text() and time.monotonic() < deadline:
+        assert proc.poll() is None, out_path.read_text()
+        time.sleep(0.2)
+    return out_path.read_text()
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    """SIGTERM (it stops its children, each in its own session, itself); its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
 @pytest.mark.parametrize("taken", ["namesrv", "every member"])
 def test_a_failed_start_prints_why_no_banner_keeps_the_logs_and_exits_1(tmp_path, taken):
     """QA: with the name server's port taken, `make run` printed the healthy banner (pointing at the
     other program) and deleted the log it named at Ctrl-C."""
     conf_dir, ns, http = _conf_dir(tmp_path / "conf")
     held = [_held(int(ns.rpartition(":")[2]))] if taken == "namesrv" else [_held(p) for p in http]
-    out_path = tmp_path / "run.out"
     try:
-        with open(out_path, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "broker.devcluster", "--conf-dir", str(conf_dir),
-                 "--wait-master-s", "60", "--console-port", str(free_port())],
-                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "TMPDIR": str(tmp_path)},  # its temporary store goes here
-            )
+        proc, out_path = _ledgermq_run(conf_dir, tmp_path, "--console-port", str(free_port()))
         try:
             rc = proc.wait(90)
         except subprocess.TimeoutExpired:
@@ -216,20 +227,9 @@ def test_ledgermq_run_over_tls_waits_for_the_masters_and_prints_https_lines(tmp_
     }
     client_tls = {"tls.enable": "true", "tls.client.trustCertPath": str(pki.ca)}
     conf_dir, ns, http = _conf_dir(tmp_path / "conf", server_tls, {**server_tls, **client_tls})
-    out_path = tmp_path / "run.out"
-    with open(out_path, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.devcluster", "--conf-dir", str(conf_dir),
-             "--wait-master-s", "60", "--console-port", str(free_port())],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "TMPDIR": str(tmp_path)},
-        )
+    proc, out_path = _ledgermq_run(conf_dir, tmp_path, "--console-port", str(free_port()))
     try:
-        deadline = time.monotonic() + 90
-        while "Store and logs:" not in out_path.read_text() and time.monotonic() < deadline:
-            assert proc.poll() is None, out_path.read_text()
-            time.sleep(0.2)
-        banner = out_path.read_text()
+        banner = _wait_banner(proc, out_path)
         assert "no master elected yet" not in banner and "(master)" in banner, banner
         assert all(f"https://127.0.0.1:{port}" in banner for port in http), banner
         produce = next(ln for ln in banner.splitlines() if "/topics/demo/messages" in ln)
@@ -243,13 +243,7 @@ def test_ledgermq_run_over_tls_waits_for_the_masters_and_prints_https_lines(tmp_
         cluster = httpx.get(f"https://{ns}/cluster", verify=verify, timeout=10).json()["brokers"]
         assert cluster["broker-a"]["masterAddr"] == master
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        rc = _stop(proc)
     assert rc == 0, out_path.read_text()
     for port in http:
         assert _bindable(port), f"port {port} still served after ledgermq-run stopped"
