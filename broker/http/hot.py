@@ -189,10 +189,8 @@ class HotHandlers(ConsumerHandlers):
         client: HttpClient,
     ) -> bytes:
         """Decode, store (after commit; the caller admitted it) and answer `{"results": [...]}`.
-        `client` is listed as a producer of `topic` (its group, as for RocketMQ 5 producers)."""
-        self.services.clients.seen(topic, topic, ClientProtocol.HTTP, client.client_id, client.addr,
-                                   client_type=client.client_type or "PRODUCER",
-                                   language=client.language, version=client.version)
+        `client` is listed as a producer of `topic` (its group, as for RocketMQ 5 producers) once
+        the put is stored: a refused one (no such topic, a bad name, bad input) lists nothing."""
         produce = self.services.produce
         try:
             msgs, qids = _decode_produce(self.services, topic, headers, query, body)
@@ -200,6 +198,9 @@ class HotHandlers(ConsumerHandlers):
             produce.refused(topic, exc)
             raise
         results = await produce.put(topic, msgs, qids, started)
+        self.services.clients.seen(topic, topic, ClientProtocol.HTTP, client.client_id, client.addr,
+                                   client_type=client.client_type or "PRODUCER",
+                                   language=client.language, version=client.version)
         return orjson.dumps({"results": [result_json(r) for r in results]})
 
     async def pull(

@@ -446,6 +446,14 @@ def test_connected_grpc_clients_in_admin_api_and_mqadmin(cluster: GrpcSet) -> No
         producers = {r["clientId"]: r for r in _client_rows(cluster.namesrv, topic)}
         assert producers["http-producer@admin-test"]["clientType"] == "PRODUCER"
         assert producers["http-producer@admin-test"]["language"] == "PYTHON"
+        # A refused produce (a topic name the broker refuses) lists nobody under that name.
+        refused = httpx.post(
+            f"http://{master}/topics/bad%20name/messages", json={"messages": [{"body": "x"}]},
+            headers={"X-Client-Id": "refused@admin-test"}, timeout=5,
+        )
+        assert refused.status_code == 400, refused.text
+        everyone = httpx.get(f"http://{master}/clients", timeout=5).json()["clients"]
+        assert "refused@admin-test" not in {x["clientId"] for x in everyone}
         # The console command itself, every group: a plain table through a pipe.
         table = subprocess.run(
             [str(Path(sys.executable).with_name("mqadmin")), "clientList", "-n", cluster.namesrv],
