@@ -32,6 +32,7 @@ from broker.message_model import typed_properties
 from broker.service.validation import (
     MAX_BATCH_MESSAGES,
     MAX_IDEMPOTENCY_KEY_LENGTH,
+    MAX_QUEUE_ID,
     MAX_TAGS_LENGTH,
     RESERVED_PROPERTIES,
     check_body_size,
@@ -50,7 +51,8 @@ _TYPED_FIELDS = frozenset(
 _MESSAGE_FIELDS = frozenset(
     {"body", "bodyEncoding", "tags", "keys", "properties", "queueId", "idempotencyKey"}
 ) | _TYPED_FIELDS
-_SDK_FIELDS = frozenset({"body", "bodyEncoding", "idempotencyKey"})
+# What the SDK sends for a message: its batches also name the queue of every message.
+_SDK_FIELDS = frozenset({"body", "bodyEncoding", "idempotencyKey", "queueId"})
 
 
 def _messages_of(raw: bytes) -> list[Any]:
@@ -157,31 +159,30 @@ def parse_produce_json(
     queues: list[int | None] = []
     for i, item in enumerate(items):
         # The common bulk shapes: {"body": "..."}, and the SDK's {body, bodyEncoding: utf-8,
-        # idempotencyKey} (or a subset of it). A key that is not a plain one goes to
-        # `check_text`, which names the error.
+        # idempotencyKey, queueId} (or a subset of it). A key or queue id that is not a plain
+        # one goes to `check_text` / `check_queue_id`, which name the error.
         if type(item) is dict and type(body := item.get("body")) is str:
-            n = len(item)
-            if n == 1:
-                idem = None
-            elif (
-                item.get("bodyEncoding") == "utf-8" and "idempotencyKey" in item
-                if n == 3
-                else item.keys() <= _SDK_FIELDS and item.get("bodyEncoding", "utf-8") == "utf-8"
-            ):
+            fast = True
+            if len(item) == 1:
+                idem = qid = None
+            elif item.keys() <= _SDK_FIELDS and item.get("bodyEncoding", "utf-8") == "utf-8":
                 idem = item.get("idempotencyKey")
                 if idem is not None and (
                     type(idem) is not str or len(idem) > MAX_IDEMPOTENCY_KEY_LENGTH or "\x01" in idem
                     or "\x02" in idem
                 ):
                     idem = check_text(idem, f"messages[{i}].idempotencyKey", MAX_IDEMPOTENCY_KEY_LENGTH)
+                qid = item.get("queueId")
+                if qid is not None and (type(qid) is not int or not 0 <= qid <= MAX_QUEUE_ID):
+                    qid = check_queue_id(qid, f"messages[{i}].queueId")
             else:
-                n = 0
-            if n:
+                fast = False
+            if fast:
                 data = body.encode("utf-8")
                 if len(data) > max_message_size:
                     check_body_size(len(data), max_message_size, f"messages[{i}].body")
                 msgs.append(Message(topic, data, None, None, None, 0, idem, now, born_host))
-                queues.append(None)
+                queues.append(qid)
                 continue
         msg, qid = _full_message(item, f"messages[{i}]", topic, max_message_size, born_host, now)
         msgs.append(msg)

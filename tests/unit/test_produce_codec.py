@@ -1,0 +1,92 @@
+"""The produce body's decoder: the SDK's message shape (body, bodyEncoding, idempotencyKey,
+queueId) takes a shortcut past the full field-by-field reader, and must decode to exactly what that
+reader gives and refuse exactly what it refuses, naming the same field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from broker.errors import BrokerError
+from broker.http.codec import _full_message, parse_produce_json
+
+_MAX = 4 * 1024 * 1024
+
+
+def _both(item: dict[str, Any]) -> tuple[Any, Any]:
+    """(what the decoder gives for one item, what the full reader gives for it)."""
+    msgs, queues = parse_produce_json(orjson.dumps({"messages": [item]}), "T", _MAX, "h:1")
+    full, qid = _full_message(item, "messages[0]", "T", _MAX, "h:1", msgs[0].born_timestamp)
+    return (msgs[0], queues[0]), (full, qid)
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"body": "hello"},
+        {"body": "hello", "bodyEncoding": "utf-8"},
+        {"body": "hello", "idempotencyKey": "k-1"},
+        {"body": "é" * 100, "bodyEncoding": "utf-8", "idempotencyKey": "p-0001"},
+        {"body": "x", "bodyEncoding": "utf-8", "idempotencyKey": "p-2", "queueId": 3},
+        {"body": "x", "queueId": 0},
+        {"body": "x", "queueId": 65535},
+        {"body": "x", "idempotencyKey": None, "queueId": None},
+    ],
+)
+def test_sdk_shaped_messages_decode_as_the_full_reader_does(item: dict[str, Any]) -> None:
+    (msg, qid), (full, full_qid) = _both(item)
+    assert qid == full_qid
+    assert (msg.topic, msg.body, msg.tags, msg.keys, msg.properties, msg.idempotency_key) == (
+        full.topic,
+        full.body,
+        full.tags,
+        full.keys,
+        full.properties,
+        full.idempotency_key,
+    )
+    assert (msg.born_host, msg.flag) == (full.born_host, full.flag)
+
+
+def test_a_float_queue_id_that_is_an_integer_is_that_queue() -> None:
+    _, queues = parse_produce_json(
+        b'{"messages": [{"body": "a", "idempotencyKey": "k", "queueId": 2.0}]}', "T", _MAX, "h"
+    )
+    assert queues == [2] and type(queues[0]) is int
+
+
+@pytest.mark.parametrize("bad", [-1, 65536, True, "3", 2.5, [1]])
+def test_a_bad_queue_id_in_the_sdk_shape_names_its_message(bad: Any) -> None:
+    body = orjson.dumps(
+        {"messages": [{"body": "a", "queueId": 1}, {"body": "b", "idempotencyKey": "k", "queueId": bad}]}
+    )
+    with pytest.raises(BrokerError) as err:
+        parse_produce_json(body, "T", _MAX, "h")
+    assert err.value.extra["field"] == "messages[1].queueId"
+    assert err.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("item", "field"),
+    [
+        ({"body": "a", "idempotencyKey": "bad\x01key"}, "messages[0].idempotencyKey"),
+        ({"body": "a", "idempotencyKey": 7}, "messages[0].idempotencyKey"),
+        ({"body": "a", "idempotencyKey": "k" * 1000}, "messages[0].idempotencyKey"),
+        ({"body": "a", "bodyEncoding": None}, "messages[0].bodyEncoding"),
+        ({"body": "a", "bodyEncoding": "utf-16"}, "messages[0].bodyEncoding"),
+        ({"body": "a", "queueId": 1, "tagz": "x"}, "messages[0].tagz"),
+    ],
+)
+def test_what_the_shortcut_does_not_take_is_refused_by_the_full_reader(
+    item: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(BrokerError) as err:
+        parse_produce_json(orjson.dumps({"messages": [item]}), "T", _MAX, "h")
+    assert err.value.extra["field"] == field
+
+
+def test_the_body_size_limit_holds_on_the_shortcut() -> None:
+    with pytest.raises(BrokerError) as err:
+        parse_produce_json(b'{"messages": [{"body": "abcdef", "queueId": 0}]}', "T", 5, "h")
+    assert err.value.extra["field"] == "messages[0].body"
