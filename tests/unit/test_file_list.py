@@ -185,3 +185,47 @@ def test_a_file_deleted_while_a_reader_holds_a_view_is_unmapped_when_the_view_go
     assert bytes(view) == b"v" * 100  # the mapping outlives the file until the view is released
     view.release()
     assert fl.append(b"w" * 100) == 256
+
+
+def _random_read_ranges(path: str) -> list[tuple[int, int]]:
+    """(file offset, length) of this process's mappings of `path` that the kernel reads without
+    readahead (`rr` in /proc/self/smaps: MADV_RANDOM)."""
+    out: list[tuple[int, int]] = []
+    current: tuple[int, int] | None = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 6 and not head[0].endswith(":"):
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                current = (int(head[2], 16), hi - lo) if head[-1] == path else None
+            elif head[0] == "VmFlags:" and current is not None and "rr" in head[1:]:
+                out.append(current)
+    return out
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc")
+def test_the_file_being_appended_reads_without_readahead_and_a_full_one_with_it(tmp_path) -> None:
+    # A fault on freshly written bytes must not read ahead into the unwritten, sparse rest of
+    # the file (it zero-fills large folios there); bytes a restart finds keep readahead.
+    page = 4096
+    size = 16 * page
+    fl = MmapFileList(str(tmp_path), size)
+    fl.load()
+    fl.append(b"a" * 100)
+    first = str(tmp_path / f"{0:020d}")
+    assert _random_read_ranges(first) == [(0, size)]
+    fl.close()
+
+    fl = MmapFileList(str(tmp_path), size)  # a restart: recovery finds 3 pages and a bit written
+    fl.load()
+    fl.truncate_offset(3 * page + 100, zero_stale=False)
+    assert _random_read_ranges(first) == []
+    assert fl.append(b"b" * 100) == 3 * page + 100
+    assert _random_read_ranges(first) == [(3 * page, size - 3 * page)]
+    assert bytes(fl.get_data(3 * page + 100, 100)) == b"b" * 100
+    fl.append(b"c" * (size - 3 * page))  # does not fit: the file is closed and the next begun
+    second = str(tmp_path / f"{size:020d}")
+    assert _random_read_ranges(first) == []
+    assert _random_read_ranges(second) == [(0, size)]
+    assert bytes(fl.get_data(size, 10)) == b"c" * 10
+    fl.close()
