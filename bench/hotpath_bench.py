@@ -100,8 +100,11 @@ async def _round(requests: int, dledger: bool) -> dict[str, float]:
                 statuses.add(msg["status"])
 
         plain = orjson.dumps({"messages": [{"body": "x" * 1024} for _ in range(100)]})
-        # The SDK's shape: a random 64-bit producer prefix + a counter, 32 lower-case hex digits.
-        keyed_part = b'{"body":"' + b"x" * 1024 + b'","bodyEncoding":"utf-8","idempotencyKey":"%s%016x"}'
+        # What the SDK sends: its key (a random 64-bit producer prefix + a counter, 32 lower-case
+        # hex digits), the body's encoding and the batch's queue.
+        keyed_part = (
+            b'{"body":"' + b"x" * 1024 + b'","bodyEncoding":"utf-8","idempotencyKey":"%s%016x","queueId":0}'
+        )
         prefix = os.urandom(8).hex().encode()
         keys = itertools.count()
 

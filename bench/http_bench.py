@@ -93,15 +93,19 @@ def produce_body(batch: int, size: int) -> bytes:
 
 
 def keyed_requests(host: str, batch: int, size: int) -> Iterator[bytes]:
-    """Requests whose every message carries a fresh idempotency key shaped like the SDK's (32
-    lower-case hex digits), so the brokers' key tables fill as they do behind the SDK."""
-    part = b'{"body":"' + b"x" * size + b'","idempotencyKey":"%s%016x"}'
+    """Requests of messages as the SDK sends them: a fresh idempotency key each (32 lower-case hex
+    digits, so the brokers' key tables fill as they do behind the SDK), the body's encoding, and
+    the queue the batch sticks to (the next of the topic's queues each request)."""
+    part = b'{"body":"' + b"x" * size + b'","bodyEncoding":"utf-8","idempotencyKey":"%s%016x","queueId":%d}'
     prefix = os.urandom(8).hex().encode()
     n = 0
+    requests = 0
     while True:
         msgs = []
+        queue = requests % QUEUES
+        requests += 1
         for _ in range(batch):
-            msgs.append(part % (prefix, n))
+            msgs.append(part % (prefix, n, queue))
             n += 1
         body = b'{"messages":[' + b",".join(msgs) + b"]}"
         yield http_request("POST", host, f"/topics/{TOPIC}/messages", body)
