@@ -467,7 +467,7 @@ class EntryDispatcher:
                 break
             self.quota_bytes += size
             req = self._request(PushType.APPEND, entries)
-            if self.raw_reader is not None and len(entries) > 1:
+            if self.raw_reader is not None:
                 self._attach_raw(req, size)
             self.prev_index, self.prev_term = entries[-1].index, entries[-1].term
             self.last_commit_sent = max(self.last_commit_sent, req.commit_index)
