@@ -81,6 +81,9 @@ DLQ_RETRY_MS = 1_000
 # Per queue, how many recent OK acks (offset → delivery id) are remembered so that an ack retried
 # with the same handle answers OK again; older retries answer EXPIRED (still never redelivered).
 RECENT_ACKS_PER_QUEUE = 1024
+# A receipt handle: "{master epoch}.{queue id}.{queue offset}.{delivery id}", at most 128 chars.
+_HANDLE = re.compile(r"([^.]*)\.([0-9]+)\.([0-9]+)\.([0-9]+)", re.ASCII)
+_Handle = tuple[str, int, int, int]  # (epoch, queue id, queue offset, delivery id)
 
 
 class AckStatus(enum.StrEnum):
@@ -372,11 +375,12 @@ class PopService:
     def _handle(self, queue_id: int, offset: int, delivery_id: int) -> str:
         return f"{self.epoch}.{queue_id}.{offset}.{delivery_id}"
 
-    def _parse_handle(self, handle: str, field_name: str) -> tuple[str, int, int, int]:
-        parts = handle.split(".")
-        if len(parts) != 4 or not all(p.isascii() and p.isdigit() for p in parts[1:]) or len(handle) > 128:
+    def _parse_handle(self, handle: str, field_name: str) -> _Handle:
+        m = _HANDLE.fullmatch(handle) if len(handle) <= 128 else None
+        if m is None:
             raise invalid(field_name, f"malformed receipt handle {handle[:80]!r}")
-        return parts[0], int(parts[1]), int(parts[2]), int(parts[3])
+        epoch, qid, off, delivery = m.groups()
+        return epoch, int(qid), int(off), int(delivery)
 
     # -- receive -------------------------------------------------------------------------------
     async def receive(
@@ -695,13 +699,16 @@ class PopService:
                     qs.committed = max(qs.committed, mark)
 
     # -- settle --------------------------------------------------------------------------------
-    def _check_handles(self, handles: list[str]) -> None:
-        """Refuse a malformed handle before any is settled: a 400 must leave no trace."""
-        for i, h in enumerate(handles):
-            self._parse_handle(h, f"receiptHandles[{i}]")
+    def _check_handles(self, handles: list[str]) -> list[_Handle]:
+        """Each handle parsed; a malformed one is refused before any is settled: a 400 must
+        leave no trace."""
+        parse = self._parse_handle
+        return [parse(h, f"receiptHandles[{i}]") for i, h in enumerate(handles)]
 
-    def _find(self, st: GroupTopicState, handle: str, field_name: str) -> _Found:
-        epoch, qid, off, delivery = self._parse_handle(handle, field_name)
+    def _find(self, st: GroupTopicState, parsed: _Handle) -> _Found:
+        """What a (parsed) receipt handle settles: OK, ACKED (this very handle, acked here
+        already) or EXPIRED."""
+        epoch, qid, off, delivery = parsed
         qs = st.queues.get(qid)
         if qs is None or epoch != self.epoch:  # no such queue (now), or another master's handle
             return _Found(qs or QueueState(0, 0), qid, off, delivery, "EXPIRED")
@@ -717,15 +724,15 @@ class PopService:
         the whole request before any is settled."""
         self._admit(account, group, topic)
         st = self._state(group, topic)
-        self._check_handles(handles)
+        parsed = self._check_handles(handles)
         statuses: list[AckStatus] = []
         settled: dict[int, list[int]] = {}
         acked_now: dict[str, _Found] = {}
-        for i, h in enumerate(handles):
+        for h, ph in zip(handles, parsed, strict=True):
             if h in acked_now:  # the same handle twice in one request: one ack
                 statuses.append(AckStatus.OK)
                 continue
-            found = self._find(st, h, f"receiptHandles[{i}]")
+            found = self._find(st, ph)
             if found.status == "OK":
                 fl = found.qs.inflight.pop(found.offset)
                 found.qs.settled(found.offset)
@@ -748,12 +755,12 @@ class PopService:
         (at once when the group has no policy), redelivered by a later receive."""
         self._admit(account, group, topic)
         st = self._state(group, topic)
-        self._check_handles(handles)
+        parsed = self._check_handles(handles)
         results = []
         now = _now_ms()
         settings = self.model.group(group)
-        for i, h in enumerate(handles):
-            found = self._find(st, h, f"receiptHandles[{i}]")
+        for h, ph in zip(handles, parsed, strict=True):
+            found = self._find(st, ph)
             if found.status == "OK":
                 fl = found.qs.inflight[found.offset]
                 fl.invisible_until_ms = now + settings.nack_delay_ms(fl.reconsume_times)
@@ -776,7 +783,7 @@ class PopService:
         return self._handle(found.queue_id, found.offset, fl.delivery_id)
 
     def _in_flight(self, st: GroupTopicState, handle: str) -> _Found:
-        found = self._find(st, handle, "receiptHandle")
+        found = self._find(st, self._parse_handle(handle, "receiptHandle"))
         if found.status != "OK":
             raise BrokerError(
                 BrokerCode.MESSAGE_NOT_FOUND,
