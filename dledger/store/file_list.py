@@ -75,14 +75,21 @@ class MmapFile:
         restart), and so does the whole file once it is full (`advise_normal`)."""
         start = off - off % _PAGE
         if start < self.random_from and not self.closed:
-            self.mm.madvise(mmap.MADV_RANDOM, start, self.file_size - start)
+            self._advise("MADV_RANDOM", start)
             self.random_from = start
 
     def advise_normal(self) -> None:
         """Readahead again over the whole file (it is full: from now on only read, maybe cold)."""
         if self.random_from < self.file_size and not self.closed:
-            self.mm.madvise(mmap.MADV_NORMAL, 0, self.file_size)
+            self._advise("MADV_NORMAL", 0)
             self.random_from = self.file_size
+
+    def _advise(self, advice: str, start: int) -> None:
+        # Advice only: a platform without it (or refusing it) costs speed, never a write.
+        try:
+            self.mm.madvise(getattr(mmap, advice), start, self.file_size - start)
+        except (AttributeError, OSError) as exc:
+            log.debug("event=madvise_refused file=%s advice=%s error=%s", self.path, advice, exc)
 
     @property
     def end_offset(self) -> int:
