@@ -114,6 +114,28 @@ async def test_dead_letter_forwards_and_settles(services: BrokerServices) -> Non
     assert err.value.code == BrokerCode.MESSAGE_NOT_FOUND
 
 
+
+@pytest.mark.parametrize(
+    "bad",
+    ["zzz", "1.2.3", "1.2.3.4.5", "e.1..3", "e.1.2.3\n", "e.1.2.\u0663", "e.-1.2.3", "e.1.2." + "9" * 130],
+)
+async def test_a_malformed_receipt_handle_refuses_the_whole_ack_and_settles_nothing(
+    services: BrokerServices, bad: str
+) -> None:
+    await services.produce.produce(ANONYMOUS, "t", [Message("t", b"m0")], [0])
+    pop = services.pop
+    (got,) = await pop.receive(ANONYMOUS, "g", "t", 10, 60_000, 0)
+    for settle in (pop.ack, pop.nack):
+        with pytest.raises(BrokerError) as err:
+            await settle(ANONYMOUS, "g", "t", [got.receipt_handle, bad])
+        assert err.value.code == BrokerCode.INVALID_REQUEST
+        assert err.value.extra["field"] == "receiptHandles[1]"
+    assert services.state.store.offsets.query("g", "t", 0) == 0  # the mark stays before m0
+    # A well-formed handle of another master is no error: it settles nothing (EXPIRED).
+    other = "x" + got.receipt_handle
+    acked = await pop.ack(ANONYMOUS, "g", "t", [other, got.receipt_handle])
+    assert [a.status for a in acked] == ["EXPIRED", "OK"]
+
 @pytest.mark.parametrize(
     "msg,field,code",
     [
