@@ -136,7 +136,9 @@ class EntryHandler:
         before = self.store.committed_index
         self.store.update_committed_index(term, commit_index)
         if self.store.committed_index != before:
-            self.commit_listener()
+            # Next loop turn: the answer to this push goes out at the end of this one, and the
+            # state machine's apply (a whole batch to dispatch) must not delay the leader's quorum.
+            asyncio.get_running_loop().call_soon(self.commit_listener)
 
     # -- COMPARE / TRUNCATE ---------------------------------------------------------------
     def _holds(self, index: int, term: int, pos: int) -> bool:

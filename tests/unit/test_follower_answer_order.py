@@ -1,0 +1,107 @@
+"""A follower answers a push before it applies the commit that push carried.
+
+The state machine's apply (on a broker: dispatching a whole batch of messages into its consume
+queues) is the follower's own work; the leader waits for the answer to count its quorum. One real
+`DLedgerServer` follower in this process (mmap store, loopback TCP); the leader is a blocking
+socket in a thread, so it reads the answer while the follower's loop is still busy applying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from pathlib import Path
+
+from dledger.codes import DLedgerResponseCode
+from dledger.config import DLedgerConfig
+from dledger.entry import DLedgerEntry
+from dledger.rpc.protocol import (
+    FRAME_HEAD,
+    KIND_REQUEST,
+    PushEntryRequest,
+    PushType,
+    decode_frame_body,
+    encode_frame,
+)
+from dledger.server import DLedgerServer
+from dledger.statemachine import StateMachine
+from tests.ports import free_ports
+
+GROUP = "order"
+APPLY_S = 0.6
+
+
+class SlowMachine(StateMachine):
+    """Holds the member's whole loop while it applies, as a long dispatch would."""
+
+    def __init__(self) -> None:
+        self.applied = -1
+        self.done = asyncio.Event()
+
+    async def on_apply(self, entries: list[DLedgerEntry]) -> None:
+        time.sleep(APPLY_S)  # noqa: ASYNC251 - blocking the loop is the point
+        self.applied = entries[-1].index
+        self.done.set()
+
+    def last_applied_index(self) -> int:
+        return self.applied
+
+
+def _push(sock: socket.socket, rid: int, req: PushEntryRequest) -> tuple[float, object]:
+    """Send one push as the leader; (seconds until its answer was read, the answer)."""
+    started = time.monotonic()
+    sock.sendall(encode_frame(KIND_REQUEST, rid, req))
+    head = _read(sock, 4)
+    rest = _read(sock, int.from_bytes(head, "big"))
+    _, kind, rtype, _ = FRAME_HEAD.unpack_from(head + rest)
+    return time.monotonic() - started, decode_frame_body(kind, rtype, memoryview(rest)[FRAME_HEAD.size - 4 :])
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        got = sock.recv(n - len(out))
+        assert got, "the follower closed the connection"
+        out += got
+    return out
+
+
+def _lead(port: int) -> list[tuple[float, object]]:
+    entries = [DLedgerEntry(body=b"first", index=0, term=1, pos=0)]
+    entries[0].compute_size_in_bytes()
+    second = DLedgerEntry(body=b"second", index=1, term=1, pos=entries[0].size)
+    second.compute_size_in_bytes()
+
+    def req(entry: DLedgerEntry, prev: int, commit: int) -> PushEntryRequest:
+        return PushEntryRequest(group=GROUP, remote_id="n1", local_id="n0", leader_id="n0", term=1,
+                                type=PushType.APPEND, commit_index=commit, prev_index=prev,
+                                prev_term=1 if prev >= 0 else -1, entries=[entry])  # fmt: skip
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        return [
+            _push(sock, 1, req(entries[0], -1, -1)),  # nothing committed yet
+            _push(sock, 2, req(second, 0, 0)),
+        ]  # commits entry 0: the follower will apply it
+
+
+async def test_a_follower_answers_the_push_that_carries_a_commit_before_applying_it(tmp_path: Path) -> None:
+    ports = free_ports(3)
+    peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(ports))
+    config = DLedgerConfig(group=GROUP, self_id="n1", peers=peers, store_base_dir=str(tmp_path),
+                           mapped_file_size_for_entry_data=1024 * 1024,
+                           mapped_file_size_for_entry_index=64 * 1024)  # fmt: skip
+    server = DLedgerServer(config)
+    machine = SlowMachine()
+    server.set_state_machine(machine)
+    await server.start()
+    try:
+        (_, first), (waited_s, second) = await asyncio.to_thread(_lead, ports[1])
+        assert first.code == second.code == DLedgerResponseCode.SUCCESS, (first, second)
+        assert second.index == 1
+        # The answer went out before the apply held the loop for APPLY_S.
+        assert waited_s < APPLY_S / 2, waited_s
+        await asyncio.wait_for(machine.done.wait(), 5)
+        assert machine.applied == 0  # and the commit was applied all the same
+    finally:
+        await server.shutdown()
