@@ -491,8 +491,13 @@ class FaultCluster:
 
     # -- disk nemeses (member must be stopped) ---------------------------------------------------
     def torn_tail(self, m: Member) -> dict[str, int]:
+        """Tear the write of `m`'s last entry, as far as it was not durable (needs record_fsync)."""
         assert not m.alive(), "tear files of a stopped member only"
-        res = diskfaults.torn_tail(m.dledger_dir / "data", m.dledger_dir / "index")
+        if not self.record_fsync:
+            raise RuntimeError("a torn tail needs FaultCluster(record_fsync=True): only what was not "
+                               "fsynced can tear")
+        durable = diskfaults.durable_extents(m.fsync_record, m.start_extents)
+        res = diskfaults.torn_tail(m.dledger_dir / "data", m.dledger_dir / "index", durable)
         self.history.nemesis("torn_tail", m.name, **res)
         return res
 

@@ -19,7 +19,15 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from dledger.entry import BODY_OFFSET, INDEX_UNIT_SIZE, decode_index_record
+from dledger.entry import (
+    BODY_OFFSET,
+    INDEX_UNIT_SIZE,
+    MAGIC_NORMAL,
+    DLedgerEntry,
+    decode_index_record,
+    encode,
+    encode_index_record,
+)
 
 _SEEK_DATA = getattr(os, "SEEK_DATA", 3)
 _SEEK_HOLE = getattr(os, "SEEK_HOLE", 4)
@@ -81,18 +89,25 @@ def zero_from(path: str | Path, start: int, end: int | None = None) -> int:
     return end - start
 
 
-def power_loss_cut(root: str | Path, record_path: str | Path,
-                   start_extents: dict[str, int]) -> dict[str, int]:
-    """Cut every log file under `root` back to its durable extent (see the module docstring).
-    Returns counts: files cut and bytes zeroed."""
+def durable_extents(record_path: str | Path, start_extents: dict[str, int]) -> dict[str, int]:
+    """{path: durable extent} of a stopped member's log files: max(what the file held when this
+    incarnation started, what this incarnation fsynced); a file in neither has nothing durable."""
     try:
         flushed: dict[str, int] = json.loads(Path(record_path).read_text())
     except FileNotFoundError:
         flushed = {}
+    keys = start_extents.keys() | flushed.keys()
+    return {key: max(start_extents.get(key, 0), flushed.get(key, 0)) for key in keys}
+
+
+def power_loss_cut(root: str | Path, record_path: str | Path,
+                   start_extents: dict[str, int]) -> dict[str, int]:
+    """Cut every log file under `root` back to its durable extent (see the module docstring).
+    Returns counts: files cut and bytes zeroed."""
+    durable_of = durable_extents(record_path, start_extents)
     files_cut = zeroed = 0
     for path in log_files(root):
-        key = str(path)
-        durable = max(start_extents.get(key, 0), flushed.get(key, 0))
+        durable = durable_of.get(str(path), 0)
         extent = nonzero_extent(path)
         if extent > durable:
             zeroed += zero_from(path, durable, extent)
@@ -146,16 +161,55 @@ def data_file_for(data_dir: str | Path, pos: int) -> tuple[Path, int]:
     raise ValueError(f"{data_dir}: no data file holds position {pos}")
 
 
-def torn_tail(data_dir: str | Path, index_dir: str | Path) -> dict[str, int]:
-    """Zero the second half of the last entry's bytes (a write torn by a crash). Returns which."""
+def torn_tail(data_dir: str | Path, index_dir: str | Path,
+              durable: dict[str, int] | None = None) -> dict[str, int]:
+    """A write torn by a crash: the second half of the entry being written never reached the disk.
+
+    A crash tears only what was not on disk yet. Without `durable` the last entry is taken to be
+    that write and its second half is zeroed. With `durable` ({file path: durable extent},
+    `durable_extents`) no byte below a file's durable extent is touched: a last entry that was not
+    fsynced whole loses its second half past the extent; one that was fsynced whole (the member
+    may have acknowledged it) stays, and the write in flight at the crash is the next entry
+    instead, whose header, first half and index record landed (`appended`: 1). Tearing fsynced
+    bytes would be corrupting data the member may have acknowledged — the bit-flip nemesis's
+    fault, with its own rules. Returns which entry, its size and what was kept and zeroed."""
+    data_dir, index_dir = Path(data_dir), Path(index_dir)
     locs = entries(data_dir, index_dir)
     if not locs:
         raise ValueError(f"{index_dir}: no entries to tear")
     last = locs[-1]
-    path, local = data_file_for(Path(data_dir), last.pos)
-    keep = max(BODY_OFFSET // 2, last.size // 2)
-    zero_from(path, local + keep, local + last.size)
-    return {"index": last.index, "pos": last.pos, "size": last.size, "kept": keep}
+    path, local = data_file_for(data_dir, last.pos)
+    start = local + max(BODY_OFFSET // 2, last.size // 2)
+    if durable is None or durable.get(str(path), 0) < local + last.size:
+        if durable is not None:
+            start = max(start, durable.get(str(path), 0))
+        torn = zero_from(path, start, local + last.size)
+        return {"index": last.index, "pos": last.pos, "size": last.size, "kept": start - local,
+                "torn": torn, "appended": 0}
+    return _torn_next_entry(data_dir, index_dir, last)
+
+
+def _torn_next_entry(data_dir: Path, index_dir: Path, last: EntryLocation) -> dict[str, int]:
+    """Write the first half of an entry after `last` (a copy of its body) and its index record."""
+    body = _read_global(data_dir, last.pos + BODY_OFFSET, last.size - BODY_OFFSET)
+    entry = DLedgerEntry(body=body, magic=MAGIC_NORMAL, index=last.index + 1, term=last.term,
+                         pos=last.pos + last.size)
+    raw = encode(entry)
+    path, local = data_file_for(data_dir, entry.pos)
+    index_path, index_local = data_file_for(index_dir, entry.index * INDEX_UNIT_SIZE)
+    if local + len(raw) > path.stat().st_size or index_local + INDEX_UNIT_SIZE > index_path.stat().st_size:
+        # The next entry would start a new file: tear nothing rather than invent the roll.
+        return {"index": entry.index, "pos": entry.pos, "size": len(raw), "kept": 0, "torn": 0, "appended": 0}
+    keep = max(BODY_OFFSET, len(raw) // 2)
+    record = encode_index_record(MAGIC_NORMAL, entry.pos, len(raw), entry.index, entry.term)
+    for target, off, data in ((path, local, bytes(raw[:keep])), (index_path, index_local, record)):
+        with open(target, "r+b") as fh:
+            fh.seek(off)
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    return {"index": entry.index, "pos": entry.pos, "size": len(raw), "kept": keep, "torn": len(raw) - keep,
+            "appended": 1}
 
 
 def bit_flip(data_dir: str | Path, index_dir: str | Path, rng: random.Random,

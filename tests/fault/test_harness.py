@@ -108,6 +108,34 @@ def test_torn_tail_is_seen_by_recovery(tmp_path: Path) -> None:
     assert recovered_end(tmp_path) == 18
 
 
+def test_a_torn_tail_tears_only_what_was_not_durable(tmp_path: Path) -> None:
+    """A crash cannot tear fsynced bytes: a last entry not durable whole loses its second half past
+    the durable extent; one fsynced whole stays, and the write torn is the next entry's."""
+    make_store(tmp_path, 20)
+    dl = tmp_path / "dledger-n0"
+    last = diskfaults.entries(dl / "data", dl / "index")[-1]
+    path, local = diskfaults.data_file_for(dl / "data", last.pos)
+    before = path.read_bytes()
+    durable = local + last.size - 10  # all but the entry's last 10 bytes were fsynced
+    res = diskfaults.torn_tail(dl / "data", dl / "index", {str(path): durable})
+    assert (res["index"], res["torn"], res["appended"]) == (19, 10, 0)
+    assert path.read_bytes()[:durable] == before[:durable]
+    assert recovered_end(tmp_path) == 18
+
+
+def test_a_durable_last_entry_is_kept_and_the_next_write_is_torn(tmp_path: Path) -> None:
+    make_store(tmp_path, 20)
+    dl = tmp_path / "dledger-n0"
+    last = diskfaults.entries(dl / "data", dl / "index")[-1]
+    path, local = diskfaults.data_file_for(dl / "data", last.pos)
+    before = path.read_bytes()
+    res = diskfaults.torn_tail(dl / "data", dl / "index", {str(path): local + last.size})
+    assert (res["index"], res["appended"]) == (20, 1) and res["torn"] > 0
+    assert path.read_bytes()[: local + last.size] == before[: local + last.size]
+    assert [e.index for e in diskfaults.entries(dl / "data", dl / "index")][-2:] == [19, 20]
+    assert recovered_end(tmp_path) == 19  # the torn write is cut, everything durable stays
+
+
 def test_bit_flip_is_caught_by_the_body_crc(tmp_path: Path) -> None:
     make_store(tmp_path, 20)
     dl = tmp_path / "dledger-n0"

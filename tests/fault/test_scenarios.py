@@ -327,7 +327,8 @@ async def test_row09_torn_tail(tmp_path: Path) -> None:
             ctx.extra.setdefault("torn", []).append(ctx.cluster.torn_tail(victim))
             await ctx.cluster.restart(victim)
 
-    report = await run_scenario("row09_torn_tail", 9, tmp_path, nemesis, duration_s=16)
+    report = await run_scenario("row09_torn_tail", 9, tmp_path, nemesis, duration_s=16,
+                                cluster_kwargs={"record_fsync": True})
     assert_safe(report)
 
 
