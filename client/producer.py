@@ -200,12 +200,17 @@ class AsyncProducer:
         if self._closed:
             raise ProducerClosedError("the producer is closed")
         msg, doc, size = self._prepare(message, kw)
-        await self.pool.reserve(size)
+        if not self.pool.try_reserve(size):  # no coroutine for the common case: room at once
+            await self.pool.reserve(size)
         fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
         if callback is not None:
             _with_callback(fut, callback)
         try:
-            await self._enqueue(topic, msg, doc, size, fut, broker_name)
+            route = self.routes.fresh(topic)
+            if route is not None:
+                self._enqueue_on(route, topic, msg, doc, size, fut, broker_name)
+            else:
+                await self._enqueue(topic, msg, doc, size, fut, broker_name)
         except BaseException:
             self.pool.release(size)
             raise
@@ -236,9 +241,24 @@ class AsyncProducer:
         fut: Any,
         broker_name: str | None,
     ) -> None:
-        """Append a prepared message to its queue's batch (on the loop)."""
-        pinned_queue = msg.queue_id if msg is not None else None
+        """Append a prepared message to its queue's batch (on the loop), fetching the topic's route
+        first when it is not cached."""
         route = self.routes.fresh(topic) or await self.routes.get(topic)
+        self._enqueue_on(route, topic, msg, doc, size, fut, broker_name)
+
+    def _enqueue_on(
+        self,
+        route: TopicRoute,
+        topic: str,
+        msg: Message | None,
+        doc: dict[str, Any],
+        size: int,
+        fut: Any,
+        broker_name: str | None,
+    ) -> None:
+        """`_enqueue` with the topic's route in hand (no coroutine: the path of every message
+        while the route is cached)."""
+        pinned_queue = msg.queue_id if msg is not None else None
         sticky = None
         if broker_name is not None:
             brokers = [b for b in route.brokers if b.broker_name == broker_name]
@@ -441,7 +461,11 @@ class Producer:
             while self._intake:
                 topic, msg, doc, size, fut, broker_name = self._intake.popleft()
                 try:
-                    await self._p._enqueue(topic, msg, doc, size, fut, broker_name)
+                    route = self._p.routes.fresh(topic)
+                    if route is not None:
+                        self._p._enqueue_on(route, topic, msg, doc, size, fut, broker_name)
+                    else:
+                        await self._p._enqueue(topic, msg, doc, size, fut, broker_name)
                 except Exception as exc:  # e.g. no route for the topic: this message fails alone
                     self._p.pool.release(size)
                     fut.set_exception(exc)
