@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
@@ -42,6 +43,10 @@ from dledger.snapshot import SnapshotMeta, SnapshotReader, SnapshotStore, Snapsh
 from dledger.store.base import DLedgerStore
 
 log = logging.getLogger("dledger.entry_handler")
+
+# A leader whose log lacks an entry we hold committed retries its pushes without end: one line
+# per this many seconds says so (with the count), not one per push.
+_CONFLICT_LOG_INTERVAL_S = 10.0
 
 AcceptLeader = Callable[[int, str], DLedgerResponseCode]
 """accept(term, leader_id): may this leader push to us in this term (the elector decides)."""
@@ -83,6 +88,8 @@ class EntryHandler:
         # Our log was cut under the leader (a corrupt entry found while running): pushes beyond
         # our end are answered INCONSISTENT_STATE at once, not parked, until the leader COMPAREs.
         self.resync_needed = False
+        self._conflicts = 0  # committed-entry conflicts since the last line about them
+        self._conflict_logged_at = float("-inf")
 
     def _resp(self, req: PushEntryRequest, code: DLedgerResponseCode, index: int = -1) -> PushEntryResponse:
         store = self.store
@@ -140,6 +147,27 @@ class EntryHandler:
             # state machine's apply (a whole batch to dispatch) must not delay the leader's quorum.
             asyncio.get_running_loop().call_soon(self.commit_listener)
 
+    def _committed_conflict(self, req: PushEntryRequest, index: int) -> PushEntryResponse:
+        """The leader's entry at `index` differs from ours, which we hold committed: refused. Raft
+        cannot get here unless a majority lost entries it had acknowledged (fsynced data damaged,
+        or power loss under ASYNC_FLUSH) and elected a leader without them; this member then can
+        never follow. Said at most once per _CONFLICT_LOG_INTERVAL_S, with what to do."""
+        self._conflicts += 1
+        now = time.monotonic()
+        if now - self._conflict_logged_at >= _CONFLICT_LOG_INTERVAL_S:
+            log.error(
+                "event=committed_entry_conflict group=%s selfId=%s leader=%s term=%d index=%d committed=%d "
+                "pushes=%d: the leader's log differs at an index this member holds committed — a "
+                "majority lost entries it had acknowledged (damaged disks, or power loss under "
+                "ASYNC_FLUSH). This member cannot follow that leader: stop it, move its store "
+                "directory aside and start it empty to take the leader's log",
+                self.ms.group, self.ms.self_id, req.leader_id, req.term, index, self.store.committed_index,
+                self._conflicts,
+            )  # fmt: skip
+            self._conflict_logged_at = now
+            self._conflicts = 0
+        return self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE)
+
     # -- COMPARE / TRUNCATE ---------------------------------------------------------------
     def _holds(self, index: int, term: int, pos: int) -> bool:
         store = self.store
@@ -173,16 +201,7 @@ class EntryHandler:
         self._clear_waiting()
         if not self._holds(e.index, e.term, e.pos):
             if e.index <= store.committed_index:
-                log.error(
-                    "leader %s term %d asks to overwrite committed index %d (commit %d) group=%s selfId=%s",
-                    req.leader_id,
-                    req.term,
-                    e.index,
-                    store.committed_index,
-                    self.ms.group,
-                    self.ms.self_id,
-                )
-                return self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE)
+                return self._committed_conflict(req, e.index)
             end = store.truncate(e, req.term, req.leader_id)
         elif store.ledger_end_term == req.term:
             # Our tail was appended by this very leader after an earlier TRUNCATE: this one is a
@@ -191,11 +210,9 @@ class EntryHandler:
         else:
             # Cut the stale tail after the leader's entry, but never a committed entry.
             keep = max(e.index, store.committed_index)
-            end = (
-                store.truncate(store.get(keep), req.term, req.leader_id)
-                if keep < store.ledger_end_index
-                else store.ledger_end_index
-            )
+            if keep >= store.ledger_end_index:
+                return self._resp(req, DLedgerResponseCode.SUCCESS, e.index)  # nothing to cut, nothing to log
+            end = store.truncate(store.get(keep), req.term, req.leader_id)
         log.info(
             "truncated group=%s selfId=%s term=%d leader=%s at %d: end %d",
             self.ms.group,
@@ -300,13 +317,7 @@ class EntryHandler:
             if local.term == e.term:
                 continue  # a duplicate of what we hold (same index and term: same entry, Raft §5.3)
             if e.index <= store.committed_index:
-                log.error(
-                    "push conflicts with committed index %d group=%s selfId=%s",
-                    e.index,
-                    self.ms.group,
-                    self.ms.self_id,
-                )
-                return self._resp(req, DLedgerResponseCode.INCONSISTENT_STATE)
+                return self._committed_conflict(req, e.index)
             store.truncate(e, leader_term, leader_id)
         last = req.entries[-1].index
         self._update_commit(leader_term, min(req.commit_index, last))

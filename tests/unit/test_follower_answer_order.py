@@ -1,4 +1,5 @@
-"""A follower answers a push before it applies the commit that push carried.
+"""How a follower answers pushes: before it applies the commit a push carried, and — past Raft's
+model — a leader lacking an entry it holds committed, refused with one line saying so.
 
 The state machine's apply (on a broker: dispatching a whole batch of messages into its consume
 queues) is the follower's own work; the leader waits for the answer to count its quorum. One real
@@ -9,9 +10,12 @@ socket in a thread, so it reads the answer while the follower's loop is still bu
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
 from pathlib import Path
+
+import pytest
 
 from dledger.codes import DLedgerResponseCode
 from dledger.config import DLedgerConfig
@@ -103,5 +107,53 @@ async def test_a_follower_answers_the_push_that_carries_a_commit_before_applying
         assert waited_s < APPLY_S / 2, waited_s
         await asyncio.wait_for(machine.done.wait(), 5)
         assert machine.applied == 0  # and the commit was applied all the same
+    finally:
+        await server.shutdown()
+
+
+def _conflicting_leader(port: int, pushes: int) -> list[object]:
+    """Leader n0 commits entries 0 and 1 in term 1; then, leading term 2 with a log whose entry 1
+    differs, pushes it `pushes` times."""
+    first = DLedgerEntry(body=b"first", index=0, term=1, pos=0)
+    first.compute_size_in_bytes()
+    second = DLedgerEntry(body=b"second", index=1, term=1, pos=first.size)
+    other = DLedgerEntry(body=b"other", index=1, term=2, pos=first.size)
+
+    def req(entry: DLedgerEntry, term: int, commit: int) -> PushEntryRequest:
+        prev = entry.index - 1
+        return PushEntryRequest(group=GROUP, remote_id="n1", local_id="n0", leader_id="n0", term=term,
+                                type=PushType.APPEND, commit_index=commit, prev_index=prev,
+                                prev_term=1 if prev >= 0 else -1, entries=[entry])  # fmt: skip
+
+    answers = []
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        answers.append(_push(sock, 1, req(first, 1, -1))[1])
+        answers.append(_push(sock, 2, req(second, 1, 1))[1])  # entries 0 and 1 committed here
+        for i in range(pushes):
+            answers.append(_push(sock, 3 + i, req(other, 2, 1))[1])
+    return answers
+
+
+async def test_a_leader_without_an_entry_held_committed_is_refused_and_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past Raft's model (a majority lost acknowledged entries): the member refuses the leader's
+    different entry every time, and says why — with what to do — once, not once a push."""
+    ports = free_ports(3)
+    peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(ports))
+    config = DLedgerConfig(group=GROUP, self_id="n1", peers=peers, store_base_dir=str(tmp_path),
+                           mapped_file_size_for_entry_data=1024 * 1024,
+                           mapped_file_size_for_entry_index=64 * 1024)  # fmt: skip
+    server = DLedgerServer(config)
+    await server.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="dledger.entry_handler"):
+            answers = await asyncio.to_thread(_conflicting_leader, ports[1], 30)
+        assert [a.code for a in answers[:2]] == [DLedgerResponseCode.SUCCESS] * 2
+        assert all(a.code == DLedgerResponseCode.INCONSISTENT_STATE for a in answers[2:])
+        assert server.store.committed_index == 1 and server.store.get(1).body == b"second"
+        lines = [r.getMessage() for r in caplog.records if "committed_entry_conflict" in r.getMessage()]
+        assert len(lines) == 1, lines
+        assert "index=1 committed=1" in lines[0] and "start it empty" in lines[0]
     finally:
         await server.shutdown()
