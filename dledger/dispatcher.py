@@ -55,6 +55,12 @@ _NETWORK_BACKOFF_S = 0.1
 _PROBE_BACKOFF_MIN_S = 0.1
 _PROBE_BACKOFF_MAX_S = 4.0
 _INSTALL_DONE_TIMEOUT_S = 10.0
+# A push refused again at the index COMPARE just agreed on never gets through by retrying at
+# once (the follower holds a different entry committed there): from the second refusal each new
+# COMPARE waits, doubling up to the max, and the log says it once per _REFUSAL_LOG_INTERVAL_S.
+_REFUSAL_BACKOFF_MIN_S = 0.1
+_REFUSAL_BACKOFF_MAX_S = 4.0
+_REFUSAL_LOG_INTERVAL_S = 10.0
 
 
 class DispatchState(StrEnum):
@@ -123,6 +129,10 @@ class EntryDispatcher:
         self.probe_failures = 0
         self.probing_since = 0.0
         self._installed: tuple[int, int] | None = None  # (index, term) of the snapshot last installed
+        # Refusals (INCONSISTENT_STATE) of APPENDs starting at the same index, in a row.
+        self.refused_at = -1
+        self.refusals = 0
+        self._refusal_logged_at = float("-inf")
         self.quota_window = 0.0
         self.quota_bytes = 0
         self.wake = asyncio.Event()
@@ -168,6 +178,8 @@ class EntryDispatcher:
                 if self.term != self.ms.curr_term or self.pusher.term != self.ms.curr_term:
                     self._reset(self.ms.curr_term)
                 if self.state == DispatchState.COMPARE:
+                    if self.refusals > 1:
+                        await asyncio.sleep(self._refusal_backoff_s())
                     await self._compare_and_truncate()
                     continue
                 now = self.pusher.clock()
@@ -196,6 +208,10 @@ class EntryDispatcher:
         self.match_index = -1
         self.last_commit_sent = -1
         self.probe_failures = 0
+        self.refused_at, self.refusals = -1, 0
+
+    def _refusal_backoff_s(self) -> float:
+        return min(_REFUSAL_BACKOFF_MIN_S * (1 << min(self.refusals - 2, 16)), _REFUSAL_BACKOFF_MAX_S)
 
     # -- probe mode -----------------------------------------------------------------------
     def _probe_backoff_s(self) -> float:
@@ -491,6 +507,28 @@ class EntryDispatcher:
             deadlines.append(next(iter(self.inflight.values())) + self.timeout_s - now)
         return max(min(deadlines), 0.001)
 
+    def _refused(self, req: PushEntryRequest, first: int, code: int) -> None:
+        """A push was refused: back to COMPARE (the caller), counting refusals at one index in a row."""
+        if req.type == PushType.APPEND and code == DLedgerResponseCode.INCONSISTENT_STATE:
+            if first == self.refused_at:
+                self.refusals += 1
+            else:
+                self.refused_at, self.refusals = first, 1
+        name = DLedgerResponseCode.value_of(code).name
+        if self.refusals <= 1:
+            log.info("push %s..%d answered %s by %s group=%s selfId=%s term=%d: back to COMPARE", first,
+                     req.entries[-1].index if req.entries else -1, name, self.peer_id, self.ms.group,
+                     self.ms.self_id, self.term)
+            return
+        now = self.pusher.clock()
+        if now - self._refusal_logged_at >= _REFUSAL_LOG_INTERVAL_S:
+            self._refusal_logged_at = now
+            log.warning("event=push_refused_again group=%s selfId=%s peer=%s term=%d index=%d refusals=%d "
+                        "code=%s next_compare_in_s=%.1f: the follower keeps refusing the entry its COMPARE "
+                        "agreed to follow (see its log: committed_entry_conflict)", self.ms.group,
+                        self.ms.self_id, self.peer_id, self.term, first, self.refusals, name,
+                        self._refusal_backoff_s())
+
     def _attach_raw(self, req: PushEntryRequest, size: int) -> None:
         """Send the batch as the bytes the store already holds (one copy instead of one encode per
         entry per follower), when they are contiguous in one data file. Followers that keep pace
@@ -543,6 +581,7 @@ class EntryDispatcher:
         if code == DLedgerResponseCode.SUCCESS:
             self.pusher.notify_peer_ack(self.peer_id)
             if req.type == PushType.APPEND:
+                self.refusals = 0
                 if resp.index > self.match_index:
                     self.match_index = resp.index
                 if generation == self.generation:
@@ -563,16 +602,7 @@ class EntryDispatcher:
             return
         if code == DLedgerResponseCode.REPEATED_PUSH or generation != self.generation:
             return
-        log.info(
-            "push %s..%d answered %s by %s group=%s selfId=%s term=%d: back to COMPARE",
-            first,
-            req.entries[-1].index if req.entries else -1,
-            DLedgerResponseCode.value_of(code).name,
-            self.peer_id,
-            self.ms.group,
-            self.ms.self_id,
-            self.term,
-        )
+        self._refused(req, first, code)
         self.state = DispatchState.COMPARE
         self.generation += 1
         self.inflight.clear()

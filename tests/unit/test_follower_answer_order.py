@@ -30,6 +30,7 @@ from dledger.rpc.protocol import (
 )
 from dledger.server import DLedgerServer
 from dledger.statemachine import StateMachine
+from dledger.store.mmap_store import DLedgerMmapFileStore
 from tests.ports import free_ports
 
 GROUP = "order"
@@ -157,3 +158,53 @@ async def test_a_leader_without_an_entry_held_committed_is_refused_and_said_once
         assert "index=1 committed=1" in lines[0] and "start it empty" in lines[0]
     finally:
         await server.shutdown()
+
+
+def _prepared(config: DLedgerConfig, entries: list[tuple[bytes, int]], committed: int, term: int) -> None:
+    """A member's files as a run left them: `entries` (body, term), `committed` checkpointed."""
+    store = DLedgerMmapFileStore(config)
+    store.recover()
+    for body, entry_term in entries:
+        store.append_as_leader(DLedgerEntry(body=body), entry_term)
+    store.update_committed_index(entries[-1][1], committed)
+    store.flush()
+    store.write_checkpoint()
+    store.close_without_flush()
+    currterm = Path(config.store_base_dir, f"dledger-{config.self_id}", "currterm")
+    currterm.write_text(f"currTerm={term}\nvoteLeader=\n")
+
+
+async def test_a_leader_backs_off_from_a_follower_holding_a_different_committed_entry(tmp_path: Path) -> None:
+    """n1 holds entry 1 of term 1 committed; n0's log has another entry 1, of term 2 (what a
+    majority that lost n1's went on to write). n0 leads (its log is the more up to date) and n1 can
+    never follow: n0 keeps trying, but from the second refusal each retry waits twice as long —
+    not thousands of COMPARE/TRUNCATE/APPEND rounds a second."""
+    ports = free_ports(3)
+    peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(ports))
+
+    def config(member: str) -> DLedgerConfig:
+        return DLedgerConfig(group=GROUP, self_id=member, peers=peers, store_base_dir=str(tmp_path / member),
+                             mapped_file_size_for_entry_data=1024 * 1024,
+                             mapped_file_size_for_entry_index=64 * 1024, heart_beat_time_interval_ms=100,
+                             min_vote_interval_ms=50, max_vote_interval_ms=150)  # fmt: skip
+
+    _prepared(config("n1"), [(b"first", 1), (b"second", 1)], committed=1, term=2)
+    _prepared(config("n0"), [(b"first", 1), (b"other", 2)], committed=0, term=2)
+    leader, follower = DLedgerServer(config("n0")), DLedgerServer(config("n1"))
+    await leader.start()
+    await follower.start()
+    try:
+        async with asyncio.timeout(10):
+            while not leader.member_state.is_leader():  # noqa: ASYNC110 - polling another member's state
+                await asyncio.sleep(0.05)
+            dispatcher = leader.pusher.dispatchers["n1"]
+            while dispatcher.refusals < 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(2.5)
+        # Waits of 0.1, 0.2, 0.4, 0.8 s after refusals 2..5: about 6 refusals in 2.5 s.
+        assert 3 <= dispatcher.refusals <= 8, dispatcher.refusals
+        assert dispatcher.refused_at == 1
+        assert follower.store.committed_index == 1 and follower.store.get(1).body == b"second"
+    finally:
+        await follower.shutdown()
+        await leader.shutdown()
