@@ -10,6 +10,7 @@ socket in a thread, so it reads the answer while the follower's loop is still bu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 import time
@@ -35,6 +36,15 @@ from tests.ports import free_ports
 
 GROUP = "order"
 APPLY_S = 0.6
+
+
+def _member(base: Path, member: str = "n1", **settings: int) -> tuple[DLedgerConfig, list[int]]:
+    """A member of a 3-member group on free loopback ports (its config, every member's port)."""
+    ports = free_ports(3)
+    peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(ports))
+    return DLedgerConfig(group=GROUP, self_id=member, peers=peers, store_base_dir=str(base),
+                         mapped_file_size_for_entry_data=1024 * 1024,
+                         mapped_file_size_for_entry_index=64 * 1024, **settings), ports  # fmt: skip
 
 
 class SlowMachine(StateMachine):
@@ -91,11 +101,7 @@ def _lead(port: int) -> list[tuple[float, object]]:
 
 
 async def test_a_follower_answers_the_push_that_carries_a_commit_before_applying_it(tmp_path: Path) -> None:
-    ports = free_ports(3)
-    peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(ports))
-    config = DLedgerConfig(group=GROUP, self_id="n1", peers=peers, store_base_dir=str(tmp_path),
-                           mapped_file_size_for_entry_data=1024 * 1024,
-                           mapped_file_size_for_entry_index=64 * 1024)  # fmt: skip
+    config, ports = _member(tmp_path)
     server = DLedgerServer(config)
     machine = SlowMachine()
     server.set_state_machine(machine)
@@ -140,11 +146,7 @@ async def test_a_leader_without_an_entry_held_committed_is_refused_and_said_once
 ) -> None:
     """Past Raft's model (a majority lost acknowledged entries): the member refuses the leader's
     different entry every time, and says why — with what to do — once, not once a push."""
-    ports = free_ports(3)
-    peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(ports))
-    config = DLedgerConfig(group=GROUP, self_id="n1", peers=peers, store_base_dir=str(tmp_path),
-                           mapped_file_size_for_entry_data=1024 * 1024,
-                           mapped_file_size_for_entry_index=64 * 1024)  # fmt: skip
+    config, ports = _member(tmp_path)
     server = DLedgerServer(config)
     await server.start()
     try:
@@ -179,18 +181,13 @@ async def test_a_leader_backs_off_from_a_follower_holding_a_different_committed_
     majority that lost n1's went on to write). n0 leads (its log is the more up to date) and n1 can
     never follow: n0 keeps trying, but from the second refusal each retry waits twice as long —
     not thousands of COMPARE/TRUNCATE/APPEND rounds a second."""
-    ports = free_ports(3)
-    peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(ports))
+    n0, _ = _member(tmp_path / "n0", "n0", heart_beat_time_interval_ms=100, min_vote_interval_ms=50,
+                    max_vote_interval_ms=150)
+    n1 = dataclasses.replace(n0, self_id="n1", store_base_dir=str(tmp_path / "n1"))
 
-    def config(member: str) -> DLedgerConfig:
-        return DLedgerConfig(group=GROUP, self_id=member, peers=peers, store_base_dir=str(tmp_path / member),
-                             mapped_file_size_for_entry_data=1024 * 1024,
-                             mapped_file_size_for_entry_index=64 * 1024, heart_beat_time_interval_ms=100,
-                             min_vote_interval_ms=50, max_vote_interval_ms=150)  # fmt: skip
-
-    _prepared(config("n1"), [(b"first", 1), (b"second", 1)], committed=1, term=2)
-    _prepared(config("n0"), [(b"first", 1), (b"other", 2)], committed=0, term=2)
-    leader, follower = DLedgerServer(config("n0")), DLedgerServer(config("n1"))
+    _prepared(n1, [(b"first", 1), (b"second", 1)], committed=1, term=2)
+    _prepared(n0, [(b"first", 1), (b"other", 2)], committed=0, term=2)
+    leader, follower = DLedgerServer(n0), DLedgerServer(n1)
     await leader.start()
     await follower.start()
     try:
