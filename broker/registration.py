@@ -85,19 +85,30 @@ class BrokerRegistrar:
 
     async def _register(self, url: str, body: bytes) -> None:
         assert self._client is not None
-        try:
-            r = await self._client.post(
-                f"{url}/brokers/register", content=body, headers=self._headers("/brokers/register", body)
-            )
+        for attempt in (1, 2):
+            try:
+                r = await self._client.post(
+                    f"{url}/brokers/register", content=body, headers=self._headers("/brokers/register", body)
+                )
+            except httpx.TransportError as exc:
+                if attempt == 1:
+                    # A kept-alive connection the name server closed as idle fails on reuse (a
+                    # ReadError): a role change must not wait a whole period for the next beat.
+                    # Once more, on a fresh connection.
+                    continue
+                # A name server being down is normal (they are independent); the next beat retries.
+                log.warning("event=register_failed namesrv=%s error=%r", url, exc)
+                return
+            except httpx.HTTPError as exc:
+                log.warning("event=register_failed namesrv=%s error=%r", url, exc)
+                return
             if r.status_code != 200:
                 log.warning(
                     "event=register_refused namesrv=%s status=%d body=%s", url, r.status_code, r.text[:200]
                 )
             else:
                 self.registrations += 1
-        except httpx.HTTPError as exc:
-            # A name server being down is normal (they are independent); the next beat retries.
-            log.warning("event=register_failed namesrv=%s error=%r", url, exc)
+            return
 
     def _headers(self, path: str, body: bytes) -> dict[str, str]:
         headers = {"content-type": "application/json"}
