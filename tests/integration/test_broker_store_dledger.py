@@ -5,6 +5,7 @@ roll-over; slaves' consume queues equal the master's once caught up."""
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import struct
 
@@ -37,9 +38,23 @@ async def group(tmp_path):
     from broker.controller import BrokerController
 
     ctls = [BrokerController(c) for c in member_configs(tmp_path)]
-    await asyncio.gather(*(c.start() for c in ctls))
+    await bounded("start", [c.start() for c in ctls])
     yield ctls
-    await asyncio.gather(*(c.shutdown() for c in ctls), return_exceptions=True)
+    await bounded("shutdown", [c.shutdown() for c in ctls])
+
+
+async def bounded(what: str, aws, timeout_s: float = 60.0) -> None:
+    """Await `aws` together; past `timeout_s` fail with every task's stack. One CI run hung here for
+    300 s with the loop idle, and pytest-timeout showed only the main thread's `select`."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.gather(*aws, return_exceptions=what == "shutdown")
+    except TimeoutError as exc:
+        out = io.StringIO()
+        for task in asyncio.all_tasks():
+            task.print_stack(file=out)
+        stacks = out.getvalue()
+        raise AssertionError(f"{what} of the members took over {timeout_s} s; tasks:\n{stacks}") from exc
 
 
 async def wait_for(pred, timeout_s=15.0, what="condition"):
@@ -142,7 +157,7 @@ async def test_restart_redispatches_an_entry_its_queue_held_only_in_part(tmp_pat
 
     confs = member_configs(tmp_path)
     ctls = [BrokerController(c) for c in confs]
-    await asyncio.gather(*(c.start() for c in ctls))
+    await bounded("start", [c.start() for c in ctls])
     try:
         await wait_for(lambda: any(c.is_master for c in ctls), what="a master")
         master = next(c for c in ctls if c.is_master)
@@ -163,7 +178,7 @@ async def test_restart_redispatches_an_entry_its_queue_held_only_in_part(tmp_pat
             pos, size = cl.dstore.get_entry_pos_and_size(i)
             assert pos + 48 <= acked[index_of.index(i)].commit_log_offset < pos + size
     finally:
-        await asyncio.gather(*(c.shutdown() for c in ctls), return_exceptions=True)
+        await bounded("shutdown", [c.shutdown() for c in ctls])
     for c in confs:  # lose the last 3 units of the last batch (of 5) in every member's queue
         qdir = tmp_path / c.dledger_self_id / "consumequeue" / "Part" / "0"
         cq_file = sorted(qdir.iterdir())[0]
@@ -175,10 +190,10 @@ async def test_restart_redispatches_an_entry_its_queue_held_only_in_part(tmp_pat
         write_dispatch_checkpoint(str(tmp_path / c.dledger_self_id / "dispatchcheckpoint"),
                                   acked[25].commit_log_offset)
     ctls = [BrokerController(c) for c in confs]
-    await asyncio.gather(*(c.start() for c in ctls))
+    await bounded("start", [c.start() for c in ctls])
     try:
         for c in ctls:
             await wait_for(lambda c=c: c.store.max_offset("Part", 0) == 30, what="entry applied again")
             assert c.store.consume_queues[("Part", 0)].get_units(0, 100) == expected
     finally:
-        await asyncio.gather(*(c.shutdown() for c in ctls), return_exceptions=True)
+        await bounded("shutdown", [c.shutdown() for c in ctls])
