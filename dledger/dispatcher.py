@@ -180,6 +180,8 @@ class EntryDispatcher:
                 if self.state == DispatchState.COMPARE:
                     if self.refusals > 1:
                         await asyncio.sleep(self._refusal_backoff_s())
+                        if not self.ms.is_leader() or self.term != self.ms.curr_term:
+                            continue  # no COMPARE in a term this member no longer leads
                     await self._compare_and_truncate()
                     continue
                 now = self.pusher.clock()

@@ -205,3 +205,39 @@ async def test_a_leader_backs_off_from_a_follower_holding_a_different_committed_
     finally:
         await follower.shutdown()
         await leader.shutdown()
+
+
+async def test_a_leader_that_stepped_down_during_a_refusal_backoff_sends_no_compare(tmp_path: Path) -> None:
+    """The backoff before a COMPARE lasts up to seconds; a member that stopped leading meanwhile (or
+    leads a newer term) must not send that COMPARE in the term it no longer leads."""
+    n0, _ = _member(tmp_path / "n0", "n0", heart_beat_time_interval_ms=100, min_vote_interval_ms=50,
+                    max_vote_interval_ms=150)
+    n1 = dataclasses.replace(n0, self_id="n1", store_base_dir=str(tmp_path / "n1"))
+    _prepared(n1, [(b"first", 1), (b"second", 1)], committed=1, term=2)
+    _prepared(n0, [(b"first", 1), (b"other", 2)], committed=0, term=2)
+    leader, follower = DLedgerServer(n0), DLedgerServer(n1)
+    await leader.start()
+    await follower.start()
+    try:
+        ms = leader.member_state
+        async with asyncio.timeout(10):
+            while not ms.is_leader():  # noqa: ASYNC110 - polling another member's state
+                await asyncio.sleep(0.05)
+            dispatcher = leader.pusher.dispatchers["n1"]
+            while dispatcher.refusals < 3:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        compare = dispatcher._compare_and_truncate
+        in_term: list[bool] = []
+
+        async def recorded() -> None:
+            in_term.append(ms.is_leader() and dispatcher.term == ms.curr_term)
+            await compare()
+
+        dispatcher._compare_and_truncate = recorded
+        await asyncio.sleep(0.05)  # inside the 0.2 s wait after the third refusal
+        ms.change_to_candidate(ms.curr_term + 1)
+        await asyncio.sleep(1.5)
+        assert in_term and all(in_term), in_term
+    finally:
+        await follower.shutdown()
+        await leader.shutdown()
