@@ -206,10 +206,7 @@ class AsyncProducer:
         if callback is not None:
             _with_callback(fut, callback)
         try:
-            route = self.routes.fresh(topic)
-            if route is not None:
-                self._enqueue_on(route, topic, msg, doc, size, fut, broker_name)
-            else:
+            if not self._try_enqueue(topic, msg, doc, size, fut, broker_name):
                 await self._enqueue(topic, msg, doc, size, fut, broker_name)
         except BaseException:
             self.pool.release(size)
@@ -231,6 +228,23 @@ class AsyncProducer:
         if "idempotencyKey" not in doc:
             doc["idempotencyKey"] = self._keys()
         return msg, doc, _record_size(doc)
+
+    def _try_enqueue(
+        self,
+        topic: str,
+        msg: Message | None,
+        doc: dict[str, Any],
+        size: int,
+        fut: Any,
+        broker_name: str | None,
+    ) -> bool:
+        """Append a prepared message without a coroutine if the topic's route is cached (the path
+        of nearly every message); False if the route must be fetched first (`_enqueue`)."""
+        route = self.routes.fresh(topic)
+        if route is None:
+            return False
+        self._enqueue_on(route, topic, msg, doc, size, fut, broker_name)
+        return True
 
     async def _enqueue(
         self,
@@ -256,8 +270,7 @@ class AsyncProducer:
         fut: Any,
         broker_name: str | None,
     ) -> None:
-        """`_enqueue` with the topic's route in hand (no coroutine: the path of every message
-        while the route is cached)."""
+        """`_enqueue` with the topic's route in hand."""
         pinned_queue = msg.queue_id if msg is not None else None
         sticky = None
         if broker_name is not None:
@@ -461,10 +474,7 @@ class Producer:
             while self._intake:
                 topic, msg, doc, size, fut, broker_name = self._intake.popleft()
                 try:
-                    route = self._p.routes.fresh(topic)
-                    if route is not None:
-                        self._p._enqueue_on(route, topic, msg, doc, size, fut, broker_name)
-                    else:
+                    if not self._p._try_enqueue(topic, msg, doc, size, fut, broker_name):
                         await self._p._enqueue(topic, msg, doc, size, fut, broker_name)
                 except Exception as exc:  # e.g. no route for the topic: this message fails alone
                     self._p.pool.release(size)
