@@ -6,8 +6,10 @@ Starts `mqnamesrv -c conf/namesrv.conf`, for each of `--sets N` (default 1) brok
 separate processes with a fresh temporary store directory (or `--store-dir`), waits until every set
 has elected a master and the name server lists it, prints curl lines to produce and consume and
 the console's address, and stops everything on Ctrl-C / SIGTERM / SIGHUP. A process that exits is
-reported with the last line of its log (kept at exit). When the name server or every member of a
-set exits during the start (a port another program holds, a bad conf), there is no banner: the
+reported with the last line of its log (kept at exit); Enter in the terminal (or SIGUSR1) starts
+every exited process again with its own command, store and log — kill -9 a master to watch the
+failover, then bring it back as a follower. When the name server or every member of a set exits
+during the start (a port another program holds, a bad conf), there is no banner: the
 rest is stopped, the logs are kept and the exit status is 1.
 
 Set k (0-based) is `broker-a`, `broker-b`, …: the same three files with brokerName and dLegerGroup
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import select
 import shutil
 import signal
 import ssl
@@ -82,6 +85,7 @@ class DevCluster:
         self.sets = sets
         self.log_dir = store_dir / "logs"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.commands: dict[str, list[str]] = {}  # name -> its `python -m` arguments, to restart it
         # set name -> selfId -> HTTP address, and the members serving the RocketMQ 5 gRPC endpoint
         self.broker_addrs: dict[str, dict[str, str]] = {}
         self.grpc_addrs: dict[str, dict[str, str]] = {}
@@ -97,6 +101,7 @@ class DevCluster:
         self.last_probe_error = ""
 
     def _spawn(self, name: str, args: list[str]) -> None:
+        self.commands[name] = args
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as out:
             self.procs[name] = subprocess.Popen(
@@ -142,6 +147,16 @@ class DevCluster:
                 said = last_log_line(path) or "(nothing logged)"
                 print(f"  ! {name} exited with status {proc.returncode}: {said}", flush=True)
                 print(f"    log: {path}", flush=True)
+                print(f"    to start it again: Enter here, or kill -USR1 {os.getpid()}", flush=True)
+
+    def restart_exited(self) -> list[str]:
+        """Start every process that has exited again, with its own command, store and log (a
+        member rejoins its set as a follower and catches up). Returns their names."""
+        again = [name for name, proc in self.procs.items() if proc.poll() is not None]
+        for name in again:
+            self._spawn(name, self.commands[name])
+            self.reported.discard(name)
+        return again
 
     def start_failure(self) -> str | None:
         """Why the cluster cannot serve, once the name server or every member of a set has exited."""
@@ -290,8 +305,27 @@ def banner(masters: dict[str, tuple[str, str] | None], cluster: DevCluster) -> s
         f"Console: http://127.0.0.1:{cluster.console_port}/",
         "",
         f"Store and logs: {cluster.store_dir}   (Ctrl-C stops everything)",
+        f"A process killed (a master, say, with kill -9)? Enter here or kill -USR1 {os.getpid()} restarts it",
     ]
     return "\n".join(lines)
+
+
+def _enter_pressed(timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for a line on a terminal's stdin (not a pipe or /dev/null, which
+    `make run` in the background or under CI has: there this only sleeps)."""
+    stdin = sys.stdin
+    if stdin is None or stdin.closed or not stdin.isatty():
+        time.sleep(timeout_s)
+        return False
+    try:
+        ready, _, _ = select.select([stdin], [], [], timeout_s)
+    except (OSError, ValueError):
+        time.sleep(timeout_s)
+        return False
+    if not ready:
+        return False
+    stdin.readline()
+    return True
 
 
 def _command(name: str) -> str:
@@ -330,9 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     store_dir.mkdir(parents=True, exist_ok=True)
     cluster = DevCluster(Path(args.conf_dir), store_dir, args.sets, args.console_port)
     stop_requested: list[int] = []
+    restart_requested: list[int] = []
 
     def on_signal(signum: int, _frame: Any) -> None:
         stop_requested.append(signum)
+
+    signal.signal(signal.SIGUSR1, lambda signum, _frame: restart_requested.append(signum))
 
     # SIGHUP too: closing the terminal must stop the cluster like Ctrl-C (each child runs in its
     # own session, so the hang-up reaches only this process).
@@ -352,7 +389,13 @@ def main(argv: list[str] | None = None) -> int:
             print(banner(masters, cluster), flush=True)
         last = masters
         while not failed and not stop_requested:
-            time.sleep(0.5)
+            if _enter_pressed(0.5):
+                restart_requested.append(0)
+            if restart_requested:
+                restart_requested.clear()
+                again = cluster.restart_exited()
+                print(f"  started again: {', '.join(again)}" if again else "  (every process is running)",
+                      flush=True)
             cluster.check_exits()
             if len(cluster.reported) == len(cluster.procs):
                 print("  ! every process has exited", flush=True)

@@ -247,3 +247,80 @@ def test_ledgermq_run_over_tls_waits_for_the_masters_and_prints_https_lines(tmp_
     assert rc == 0, out_path.read_text()
     for port in http:
         assert _bindable(port), f"port {port} still served after ledgermq-run stopped"
+
+
+def _child_pid(parent: int, marker: str) -> int:
+    """The pid of `parent`'s child process whose command line contains `marker`."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and marker in cmdline:
+            return int(entry.name)
+    raise AssertionError(f"no child of {parent} runs {marker}")
+
+
+def _role(port: int) -> str | None:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/status", timeout=2).json()["role"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+def test_a_killed_master_is_started_again_on_request_and_rejoins_as_a_follower(tmp_path):
+    """An operator's failover drill on `make run`: kill -9 the master, watch the set elect another,
+    then ask the dev cluster (SIGUSR1; Enter on a terminal) to start it again: same store, same
+    log, back as a follower holding what was written meanwhile."""
+    conf_dir, ns, http = _conf_dir(tmp_path / "conf")
+    proc, out_path = _ledgermq_run(conf_dir, tmp_path)
+    try:
+        banner = _wait_banner(proc, out_path)
+        assert f"kill -USR1 {proc.pid}" in banner, banner
+        deadline = time.monotonic() + 30
+        while "MASTER" not in [_role(p) for p in http] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        old = [_role(p) for p in http].index("MASTER")
+        with Admin(ns) as admin:
+            admin.update_topic("drill", 1, 1)
+        os.kill(_child_pid(proc.pid, f"broker-n{old}.conf"), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if f"! broker-a-n{old} exited" in out_path.read_text() and "MASTER" in [_role(p) for p in http]:
+                break
+            time.sleep(0.2)
+        assert f"to start it again: Enter here, or kill -USR1 {proc.pid}" in out_path.read_text()
+        new = [_role(p) for p in http].index("MASTER")
+        assert new != old
+        body = f"written while n{old} was down"
+        with Producer(ns) as producer:
+            sent = producer.send("drill", body)
+
+        proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 60
+        while _role(http[old]) != "SLAVE" and time.monotonic() < deadline:
+            assert proc.poll() is None, out_path.read_text()
+            time.sleep(0.2)
+        assert _role(http[old]) == "SLAVE", out_path.read_text()
+        assert f"started again: broker-a-n{old}" in out_path.read_text()
+        deadline = time.monotonic() + 30
+        got: list = []
+        url = f"http://127.0.0.1:{http[old]}/topics/drill/queues/{sent.queue_id}/messages"
+        while not got and time.monotonic() < deadline:
+            at = {"offset": sent.queue_offset, "maxMessages": 1}
+            got = httpx.get(url, params=at, timeout=5).json()["messages"]
+            time.sleep(0.2)
+        assert [m["body"] for m in got] == [body]
+        proc.send_signal(signal.SIGUSR1)  # nothing has exited: said so, nothing started twice
+        deadline = time.monotonic() + 10
+        while "(every process is running)" not in out_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "(every process is running)" in out_path.read_text()
+    finally:
+        rc = _stop(proc)
+    assert rc == 0, out_path.read_text()
+    for port in http:
+        assert _bindable(port), f"port {port} still served after ledgermq-run stopped"
