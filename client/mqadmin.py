@@ -126,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     c = cmd("topicStatus", "Min/max offset of each queue of a topic")
     c.add_argument("-t", "--topic", required=True)
     cmd("clusterList", "Broker sets and members with role, term and commit index")
+    cmd(
+        "brokerStatus",
+        "One broker's whole status with -b (role, uptime, disk, DLedger state); without it, every member",
+    )
     c = cmd("consumerProgress", "A group's (or, without -g, every group's) committed offset, max offset, lag")
     c.add_argument("-g", "--consumerGroup")
     c.add_argument("-t", "--topic")
@@ -317,6 +321,58 @@ def cmd_cluster_list(a: Admin, args: argparse.Namespace) -> Result:
     return a.cluster_list(), columns
 
 
+BROKER_STATUS_COLUMNS = [
+    "brokerName",
+    "brokerId",
+    "addr",
+    "role",
+    "selfId",
+    "term",
+    "ledgerEndIndex",
+    "committedIndex",
+    "followerLag",
+    "uptimeS",
+    "diskUsedRatio",
+]
+
+
+def _ratio(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def cmd_broker_status(a: Admin, args: argparse.Namespace) -> Result:
+    """With -b: that member's `/status`, its DLedger part flattened (`dledger.term`, …), as
+    RocketMQ's brokerStatus prints one broker's key/value pairs. Without: one row per member of
+    every broker set, an unreachable one with its error."""
+    if args.brokerAddr:
+        st = a.member_status(args.brokerAddr, timeout_s=5.0)
+        dl = st.pop("dledger", None) or {}
+        return {**st, **{f"dledger.{k}": v for k, v in dl.items()}}, None
+    rows = []
+    for s in a.broker_sets():
+        for bid, addr in sorted(s.addrs.items()):
+            row: dict[str, Any] = {"brokerName": s.broker_name, "brokerId": bid, "addr": addr}
+            try:
+                st = a.member_status(addr, timeout_s=3.0)
+            except LedgerMQError as exc:
+                rows.append({**row, "role": "UNREACHABLE", "error": exc.code})
+                continue
+            dl = st.get("dledger") or {}
+            lag = dl.get("followerLag") or {}
+            row.update(
+                role=st.get("role"),
+                selfId=dl.get("selfId"),
+                term=dl.get("term"),
+                ledgerEndIndex=dl.get("ledgerEndIndex"),
+                committedIndex=dl.get("committedIndex"),
+                followerLag=lag if args.json else ",".join(f"{p}:{n}" for p, n in sorted(lag.items())),
+                uptimeS=round((st.get("uptimeMs") or 0) / 1000),
+                diskUsedRatio=_ratio(st.get("diskUsedRatio")),
+            )
+            rows.append(row)
+    return rows, [*BROKER_STATUS_COLUMNS, *_error_column(rows)]
+
+
 def cmd_consumer_progress(a: Admin, args: argparse.Namespace) -> Result:
     rows = a.consumer_progress(args.consumerGroup, args.topic)
     columns = ["brokerName", "topic", "queueId", "offset", "maxOffset", "lag"]
@@ -407,6 +463,7 @@ ADMIN_COMMANDS = {
     "topicRoute": cmd_topic_route,
     "topicStatus": cmd_topic_status,
     "clusterList": cmd_cluster_list,
+    "brokerStatus": cmd_broker_status,
     "consumerProgress": cmd_consumer_progress,
     "queryMsgById": cmd_query_msg_by_id,
     "queryMsgByKey": cmd_query_msg_by_key,

@@ -10,6 +10,7 @@ import threading
 import time
 
 import httpx
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -241,3 +242,40 @@ def test_receipt_state_survives_master_failover(dset):
     offs = httpx.get(f"{nurl}/consumers/cg/offsets", params={"topic": "pop"}).json()["offsets"]
     assert (offs[0]["offset"], offs[0]["lag"]) == (5, 0)
     assert httpx.post(f"{nurl}/consumers/cg/receive", json={"topic": "pop"}).json()["messages"] == []
+
+
+def _mqadmin_json(*args: str):
+    out = io.StringIO()
+    assert mqadmin([*args, "--json"], out=out) == 0
+    return orjson.loads(out.getvalue())
+
+
+def test_mqadmin_broker_status_shows_every_member_its_lag_and_a_dead_one(dset):
+    ns, addrs, group = dset["ns"], dset["addrs"], dset["group"]
+    master = wait_master(addrs, timeout_s=20)
+    wait_http(f"http://{ns}/cluster",
+              ok=lambda r: len(r.json()["brokers"].get("broker-a", {}).get("addrs", {})) == 3)
+    rows = _mqadmin_json("brokerStatus", "-n", ns)
+    assert sorted(r["addr"] for r in rows) == sorted(addrs.values())
+    lead = next(r for r in rows if r["role"] == "MASTER")
+    assert lead["selfId"] == master and lead["addr"] == addrs[master]
+    assert set(lead["followerLag"]) == set(addrs) - {master}
+    assert all(r["role"] == "SLAVE" and r["term"] == lead["term"] for r in rows if r is not lead)
+    one = _mqadmin_json("brokerStatus", "-b", addrs[master])
+    assert one["role"] == "MASTER" and one["brokerName"] == "broker-a"
+    assert one["dledger.selfId"] == one["dledger.leaderId"] == master and one["uptimeMs"] > 0
+
+    follower = next(sid for sid in addrs if sid != master)
+    group.kill(follower, signal.SIGKILL)
+    with Producer(ns) as p:
+        for i in range(20):
+            p.send("status-demo", f"m{i}")
+    rows = _mqadmin_json("brokerStatus", "-n", ns)
+    dead = next(r for r in rows if r["addr"] == addrs[follower])
+    assert dead["role"] == "UNREACHABLE" and dead["error"], dead
+    lead = next(r for r in rows if r["role"] == "MASTER")
+    assert lead["followerLag"][follower] >= 20, lead
+    out = io.StringIO()
+    assert mqadmin(["brokerStatus", "-n", ns], out=out) == 0
+    assert out.getvalue().splitlines()[0].split()[:4] == ["brokerName", "brokerId", "addr", "role"]
+    assert f"{follower}:" in out.getvalue() and "UNREACHABLE" in out.getvalue()
