@@ -10,6 +10,7 @@ key.
 from __future__ import annotations
 
 import difflib
+import enum
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -296,6 +297,23 @@ class BrokerConfig:
     source: str = "<defaults>"  # where the config came from, for error messages
     extra: dict[str, str] = field(default_factory=dict)  # accepted-but-unimplemented RocketMQ keys
 
+    def properties(self) -> dict[str, str]:
+        """Every key LedgerMQ implements, with the value this broker runs with (defaults
+        included), spelled as in a `.properties` file; key passwords masked. What
+        `mqadmin getBrokerConfig` shows."""
+        out: dict[str, str] = {}
+        seen: set[str] = set()
+        for key, (attr, _) in KEYS.items():
+            if attr not in seen:  # one spelling per setting (preferredLeaderId is an alias)
+                seen.add(attr)
+                out[key] = _prop(getattr(self, attr))
+        for table, target in ((SERVER_KEYS, self.listener), (CLIENT_KEYS, self.tls_client)):
+            for key, (attr, _) in table.items():
+                if attr:
+                    value = getattr(target, attr)
+                    out[key] = "******" if key.endswith("keyPassword") and value else _prop(value)
+        return out
+
     @property
     def broker_addr(self) -> str:
         """This broker's HTTP address as clients reach it (brokerIP1:listenPort)."""
@@ -369,6 +387,15 @@ class BrokerConfig:
             peer_secret_file=self.peer_secret_file or None,
             peer_handshake_timeout_ms=self.peer_handshake_timeout_ms,
         )
+
+
+def _prop(value: Any) -> str:
+    """A setting as a `.properties` value (true/false, an enum's value)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    return str(value)
 
 
 def parse_properties(text: str) -> list[tuple[int, str, str]]:

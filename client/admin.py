@@ -251,6 +251,12 @@ class AsyncAdmin:
         `followerLag` on the leader."""
         return await self.transport.request("GET", f"{base_url(addr)}/status", timeout_s=timeout_s)
 
+    async def member_config(self, addr: str, timeout_s: float = 5.0) -> dict[str, Any]:
+        """One broker member's settings (`GET /admin/config`): `properties` (every key LedgerMQ
+        implements, as in a `.properties` file, key passwords masked), `source`, `ignored` (keys
+        RocketMQ knows that LedgerMQ accepted without implementing)."""
+        return await self.transport.request("GET", f"{base_url(addr)}/admin/config", timeout_s=timeout_s)
+
     async def member_metrics(self, addr: str, timeout_s: float = 2.0) -> str:
         """One member's Prometheus exposition (`GET /metrics`), as text."""
         return await self.transport.request("GET", f"{base_url(addr)}/metrics", timeout_s=timeout_s)

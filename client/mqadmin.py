@@ -130,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
         "brokerStatus",
         "One broker's whole status with -b (role, uptime, disk, DLedger state); without it, every member",
     )
+    c = cmd(
+        "getBrokerConfig",
+        "The settings a broker runs with (-b one member; without, every member), defaults included",
+    )
+    c.add_argument("-k", "--key", help="only keys containing this text (case-insensitive)")
     c = cmd("consumerProgress", "A group's (or, without -g, every group's) committed offset, max offset, lag")
     c.add_argument("-g", "--consumerGroup")
     c.add_argument("-t", "--topic")
@@ -373,6 +378,30 @@ def cmd_broker_status(a: Admin, args: argparse.Namespace) -> Result:
     return rows, [*BROKER_STATUS_COLUMNS, *_error_column(rows)]
 
 
+def cmd_get_broker_config(a: Admin, args: argparse.Namespace) -> Result:
+    """RocketMQ's getBrokerConfig: key/value rows of one member (-b), or of every member of every
+    set with its address; `-k` keeps the keys containing a text."""
+    members = [args.brokerAddr] if args.brokerAddr else [
+        addr for s in a.broker_sets() for _, addr in sorted(s.addrs.items())
+    ]
+    want = (args.key or "").lower()
+    rows = []
+    for addr in members:
+        try:
+            doc = a.member_config(addr)
+        except LedgerMQError as exc:
+            if args.brokerAddr:
+                raise
+            rows.append({"broker": addr, "key": "", "value": "", "error": exc.code})
+            continue
+        for key, value in doc["properties"].items():
+            if want in key.lower():
+                rows.append({"broker": addr, "key": key, "value": value})
+    if args.brokerAddr:
+        return [{k: r[k] for k in ("key", "value")} for r in rows], ["key", "value"]
+    return rows, ["broker", "key", "value", *_error_column(rows)]
+
+
 def cmd_consumer_progress(a: Admin, args: argparse.Namespace) -> Result:
     rows = a.consumer_progress(args.consumerGroup, args.topic)
     columns = ["brokerName", "topic", "queueId", "offset", "maxOffset", "lag"]
@@ -464,6 +493,7 @@ ADMIN_COMMANDS = {
     "topicStatus": cmd_topic_status,
     "clusterList": cmd_cluster_list,
     "brokerStatus": cmd_broker_status,
+    "getBrokerConfig": cmd_get_broker_config,
     "consumerProgress": cmd_consumer_progress,
     "queryMsgById": cmd_query_msg_by_id,
     "queryMsgByKey": cmd_query_msg_by_key,

@@ -1,4 +1,4 @@
-"""Admin routes: topics, consumer offsets, health/status, metrics, leadership transfer — each
+"""Admin routes: topics, consumer offsets, health/status, config, metrics, leadership transfer — each
 parses, calls a service (`TopicAdminService`, `OffsetService`, `BrokerState`) and renders."""
 
 from __future__ import annotations
@@ -244,6 +244,13 @@ def _ops_routes(services: BrokerServices) -> APIRouter:
     async def status(request: Request) -> dict[str, Any]:
         services.acl.authorize(account_of(request), monitor=True)
         return state.status()
+
+    @router.get("/admin/config", summary="The settings this broker runs with, defaults included")
+    async def config(request: Request) -> dict[str, Any]:
+        services.acl.authorize(account_of(request), monitor=True)
+        cfg = state.config
+        return {"brokerName": cfg.broker_name, "brokerAddr": cfg.broker_addr, "source": cfg.source,
+                "properties": cfg.properties(), "ignored": dict(cfg.extra)}
 
     @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def metrics(request: Request) -> Response:

@@ -162,3 +162,19 @@ def test_mqadmin_finds_messages_by_key_and_by_the_id_a_client_printed(env):
         assert msg["body"] == "by-client-id" and msg["msgId"] == stored.msg_id
     # An id no broker knows: an error naming it, exit status 1.
     assert mqadmin(["queryMsgByUniqueKey", "-n", env["ns"], "-i", "0102FC" + "0" * 28]) == 1
+
+
+def test_mqadmin_get_broker_config_and_broker_status(env):
+    one = admin(env, "getBrokerConfig", "-b", env["broker"])
+    props = {r["key"]: r["value"] for r in one}
+    assert props["brokerName"] == "broker-s" and props["listenPort"] == env["broker"].rpartition(":")[2]
+    assert props["flushDiskType"] in ("ASYNC_FLUSH", "SYNC_FLUSH") and "autoCreateTopicEnable" in props
+    every = admin(env, "getBrokerConfig", "-k", "flush")
+    assert every and {r["broker"] for r in every} == {env["broker"]}
+    assert all("flush" in r["key"].lower() for r in every)
+    status = admin(env, "brokerStatus", "-b", env["broker"])
+    assert status["role"] == "MASTER" and status["brokerName"] == "broker-s" and status["uptimeMs"] > 0
+    (row,) = admin(env, "brokerStatus")
+    assert row["role"] == "MASTER" and row["addr"] == env["broker"] and row["selfId"] is None
+    table = admin(env, "getBrokerConfig", "-b", env["broker"], "-k", "brokerName", as_json=False)
+    assert table.splitlines()[0].split() == ["key", "value"] and "broker-s" in table

@@ -99,7 +99,7 @@ def test_sdk_passes_the_token_and_maps_errors(broker):
 
 def test_metrics_and_status_need_the_monitoring_right(broker):
     url = broker["url"]
-    for path in ("/metrics", "/status"):
+    for path in ("/metrics", "/status", "/admin/config"):
         assert httpx.get(f"{url}{path}").status_code == 401
         assert httpx.get(f"{url}{path}", headers=h("nope")).status_code == 401
         r = httpx.get(f"{url}{path}", headers=h("pub-tok"))  # a producer's token: no monitoring right
@@ -110,6 +110,8 @@ def test_metrics_and_status_need_the_monitoring_right(broker):
     r = httpx.get(f"{url}/metrics", headers=h("mon-tok"))
     assert "ledgermq_put_messages_total" in r.text
     assert httpx.get(f"{url}/status", headers=h("mon-tok")).json()["brokerName"] == "broker-s"
+    props = httpx.get(f"{url}/admin/config", headers=h("mon-tok")).json()["properties"]
+    assert props["aclEnable"] == "true" and props["brokerName"] == "broker-s"
     # The monitoring right is read-only: nothing else comes with it.
     r = httpx.post(f"{url}/topics/orders/messages", json={"messages": [{"body": "x"}]}, headers=h("mon-tok"))
     assert r.status_code == 403

@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from broker.config import ConfigError, load_broker_config, parse_properties
+from broker.config import BrokerConfig, ConfigError, config_from_mapping, load_broker_config, parse_properties
 from broker.errors import BrokerCode, BrokerError
 from broker.topics import validate_topic
 
@@ -127,3 +127,24 @@ def test_bad_topic_names(name):
 @pytest.mark.parametrize("name", ["a", "%RETRY%group-1", "x" * 127, "A|b_c-9"])
 def test_good_topic_names(name):
     assert validate_topic(name) == name
+
+
+def test_properties_show_every_setting_as_a_file_would_and_read_back_the_same(tmp_path):
+    """What `mqadmin getBrokerConfig` shows: each implemented key once (an alias is not a second
+    setting), defaults included, in `.properties` spelling; its keys that have a value, read back,
+    give the same config (an empty one is a setting left unset)."""
+    p = tmp_path / "b.conf"
+    p.write_text("brokerName=broker-x\nflushDiskType=SYNC_FLUSH\nlongPollingEnable=false\n"
+                 "maxConnectionsPerIp=7\npreferredLeaderId=n1\ntls.client.keyPassword=s3cret\n")
+    cfg = load_broker_config(str(p))
+    props = cfg.properties()
+    assert props["brokerName"] == "broker-x" and props["flushDiskType"] == "SYNC_FLUSH"
+    assert props["longPollingEnable"] == "false" and props["maxConnectionsPerIp"] == "7"
+    assert props["preferredLeaderIds"] == "n1" and "preferredLeaderId" not in props
+    assert props["defaultTopicQueueNums"] == "8" and props["tls.server.mode"] == "disabled"
+    assert props["tls.client.keyPassword"] == "******" and "s3cret" not in str(props)
+    valued = {k: v for k, v in props.items() if v not in ("", "******")}
+    again = config_from_mapping(valued, source=cfg.source)
+    again.tls_client.key_password = cfg.tls_client.key_password
+    assert again == cfg
+    assert BrokerConfig().properties()["tls.client.keyPassword"] == ""  # nothing set: nothing masked
