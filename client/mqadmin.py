@@ -23,7 +23,7 @@ from rich.table import Table
 
 from client.admin import Admin
 from client.consumer import PullConsumer
-from client.errors import LedgerMQError, MessageNotFoundError
+from client.errors import BadRequestError, LedgerMQError, MessageNotFoundError, TopicNotExistError
 from client.producer import Message, Producer
 
 
@@ -149,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     c = cmd("queryMsgByUniqueKey", "Show a message by the id its client printed (RocketMQ 5's message id)")
     c.add_argument("-i", "--msgId", required=True)
     c.add_argument("-t", "--topic", help="searched by key when the brokers no longer know the id")
+    c = cmd("queryMsgByOffset", "Show the message at one offset of one queue")
+    c.add_argument("-t", "--topic", required=True)
+    c.add_argument("-B", "--brokerName", help="the broker set, when the topic spans several")
+    c.add_argument("-i", "--queueId", type=int, required=True)
+    c.add_argument("-o", "--offset", type=int, required=True)
     c = cmd("resetOffsetByTime", "Move a group's offsets to the first message at/after a time")
     c.add_argument("-g", "--group", required=True)
     c.add_argument("-t", "--topic", required=True)
@@ -227,6 +232,26 @@ def cmd_consume_message(args: argparse.Namespace) -> Result:
             res = c.pull(args.topic, q.queue_id, max(args.offset, 0), args.count, broker_name=q.broker_name)
             rows += [_message_row(m) for m in res.messages]
     return rows, None
+
+
+def cmd_query_msg_by_offset(args: argparse.Namespace) -> Result:
+    """RocketMQ's queryMsgByOffset (its -b brokerName is -B here: -b names a broker address)."""
+    with PullConsumer(**_addrs(args)) as c:
+        sets = sorted({q.broker_name for q in c.queues(args.topic)})
+        if args.brokerName is None and len(sets) > 1:
+            named = ", ".join(sets)
+            raise BadRequestError(f"topic {args.topic!r} spans broker sets {named}: name one with -B",
+                                  problem={"field": "brokerName"})
+        if args.brokerName is not None and args.brokerName not in sets:
+            raise TopicNotExistError(f"broker set {args.brokerName!r} does not hold topic {args.topic!r}")
+        broker = args.brokerName or sets[0]
+        res = c.pull(args.topic, args.queueId, max(args.offset, 0), 1, broker_name=broker)
+    if args.offset < 0 or not res.messages or res.messages[0].queue_offset != args.offset:
+        raise MessageNotFoundError(
+            f"no message at offset {args.offset} of {args.topic} queue {args.queueId} on {broker} "
+            f"(the queue holds {res.min_offset}..{res.max_offset - 1})"
+        )
+    return {"brokerName": broker, **_message_row(res.messages[0])}, None
 
 
 def cmd_update_topic(a: Admin, args: argparse.Namespace) -> Result:
@@ -482,7 +507,11 @@ def cmd_leadership_transfer(a: Admin, args: argparse.Namespace) -> Result:
 
 
 # Commands that need a producer or a consumer, and those that run on an Admin.
-CLIENT_COMMANDS = {"sendMessage": cmd_send_message, "consumeMessage": cmd_consume_message}
+CLIENT_COMMANDS = {
+    "sendMessage": cmd_send_message,
+    "consumeMessage": cmd_consume_message,
+    "queryMsgByOffset": cmd_query_msg_by_offset,
+}
 ADMIN_COMMANDS = {
     "updateTopic": cmd_update_topic,
     "updateSubGroup": cmd_update_sub_group,

@@ -178,3 +178,20 @@ def test_mqadmin_get_broker_config_and_broker_status(env):
     assert row["role"] == "MASTER" and row["addr"] == env["broker"] and row["selfId"] is None
     table = admin(env, "getBrokerConfig", "-b", env["broker"], "-k", "brokerName", as_json=False)
     assert table.splitlines()[0].split() == ["key", "value"] and "broker-s" in table
+
+
+def test_mqadmin_query_msg_by_offset(env, capsys):
+    admin(env, "updateTopic", "-t", "byoff", "-r", "1", "-w", "1")
+    sent = [admin(env, "sendMessage", "-t", "byoff", "-p", f"m{i}", "-q", "0")[0] for i in range(3)]
+    got = admin(env, "queryMsgByOffset", "-t", "byoff", "-i", "0", "-o", "1")
+    assert got["body"] == "m1" and got["queueOffset"] == 1 and got["msgId"] == sent[1]["msgId"]
+    assert got["brokerName"] == "broker-s"
+    first = admin(env, "queryMsgByOffset", "-t", "byoff", "-B", "broker-s", "-i", "0", "-o", "0")
+    assert first["body"] == "m0"
+    capsys.readouterr()
+    at = ["queryMsgByOffset", "-n", env["ns"], "-t", "byoff", "-i", "0"]
+    assert mqadmin([*at, "-o", "3"]) == 1
+    err = capsys.readouterr().err
+    assert "MESSAGE_NOT_FOUND" in err and "holds 0..2" in err
+    assert mqadmin([*at, "-o", "0", "-B", "nope"]) == 1
+    assert "TOPIC_NOT_EXIST" in capsys.readouterr().err

@@ -5,6 +5,7 @@ The failover across sets (kill a whole set mid-load) is tests/integration/test_m
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ import pytest
 
 from broker.devcluster import SET_PORT_STEP, set_overrides
 from client import Admin, Producer
+from client.mqadmin import main as mqadmin
 from tests.integration._ledgermq_procs import CONF, REPO, read_conf, write_conf
 from tests.ports import free_port
 from tests.tls_certs import make_pki
@@ -78,7 +80,7 @@ def test_set_overrides_rename_the_set_and_move_every_port(tmp_path):
     }
 
 
-def test_ledgermq_run_sets_2_starts_two_sets_that_one_topic_spans(tmp_path):
+def test_ledgermq_run_sets_2_starts_two_sets_that_one_topic_spans(tmp_path, capsys):
     """Also: the console's port is held by another program, so the console exits: that is reported
     with its last log line and the rest serves; the log it names outlives the temporary store."""
     conf_dir, ns, http = _conf_dir(tmp_path / "conf")
@@ -117,6 +119,14 @@ def test_ledgermq_run_sets_2_starts_two_sets_that_one_topic_spans(tmp_path):
         with Producer(ns) as producer:
             sets = {producer.send("spans", f"m{i}").broker_name for i in range(20)}
         assert sets == {"broker-a", "broker-b"}
+        # One queue offset exists once per set: mqadmin asks which set instead of picking one.
+        capsys.readouterr()
+        assert mqadmin(["queryMsgByOffset", "-n", ns, "-t", "spans", "-i", "0", "-o", "0"]) == 1
+        assert "spans broker sets broker-a, broker-b: name one with -B" in capsys.readouterr().err
+        out = io.StringIO()
+        query = ["queryMsgByOffset", "-n", ns, "-t", "spans", "-B", "broker-b", "-i", "0", "-o", "0"]
+        assert mqadmin([*query, "--json"], out=out) == 0
+        assert '"brokerName": "broker-b"' in out.getvalue()
         deadline = time.monotonic() + 30
         while "! console exited" not in out_path.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
