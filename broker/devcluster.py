@@ -311,10 +311,17 @@ def banner(masters: dict[str, tuple[str, str] | None], cluster: DevCluster) -> s
 
 
 def _enter_pressed(timeout_s: float) -> bool:
-    """Wait up to `timeout_s` for a line on a terminal's stdin (not a pipe or /dev/null, which
-    `make run` in the background or under CI has: there this only sleeps)."""
+    """Wait up to `timeout_s` for a line on stdin when it is the terminal this process is in the
+    foreground of (not a pipe or /dev/null, as under CI, nor a background job: there this only
+    sleeps)."""
     stdin = sys.stdin
-    if stdin is None or stdin.closed or not stdin.isatty():
+    try:
+        # Only in the foreground: a background job (`make run &`) reading its terminal is stopped
+        # by SIGTTIN as soon as the user types into the shell.
+        usable = stdin is not None and stdin.isatty() and os.tcgetpgrp(stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError):
+        usable = False
+    if not usable:
         time.sleep(timeout_s)
         return False
     try:
