@@ -223,28 +223,31 @@ class AsyncAdmin:
     async def cluster_list(self) -> list[dict[str, Any]]:
         """Every member of every broker set with its `/status` (role, term, commit index)."""
         rows = []
-        for s in await self.broker_sets():
-            for bid, addr in sorted(s.addrs.items()):
-                row: dict[str, Any] = {
-                    "cluster": s.cluster,
-                    "brokerName": s.broker_name,
-                    "brokerId": bid,
-                    "addr": addr,
-                }
-                try:
-                    st = await self.transport.request("GET", f"{base_url(addr)}/status", timeout_s=3.0)
-                    dl = st.get("dledger") or {}
-                    row.update(
-                        role=st.get("role"),
-                        term=dl.get("term"),
-                        leaderId=dl.get("leaderId"),
-                        selfId=dl.get("selfId"),
-                        committedIndex=dl.get("committedIndex"),
-                    )
-                except LedgerMQError as exc:
-                    row.update(role="UNREACHABLE", error=exc.code)
-                rows.append(row)
+        for s, bid, addr, st in await self.member_statuses():
+            row: dict[str, Any] = {"cluster": s.cluster, "brokerName": s.broker_name, "brokerId": bid,
+                                   "addr": addr}
+            if isinstance(st, LedgerMQError):
+                row.update(role="UNREACHABLE", error=st.code)
+            else:
+                dl = st.get("dledger") or {}
+                row.update(role=st.get("role"), term=dl.get("term"), leaderId=dl.get("leaderId"),
+                           selfId=dl.get("selfId"), committedIndex=dl.get("committedIndex"))
+            rows.append(row)
         return rows
+
+    async def members(self) -> list[tuple[BrokerSet, int, str]]:
+        """(broker set, broker id, address) of every member of every set, in set and id order."""
+        return [(s, bid, addr) for s in await self.broker_sets() for bid, addr in sorted(s.addrs.items())]
+
+    async def member_statuses(self) -> list[tuple[BrokerSet, int, str, dict[str, Any] | LedgerMQError]]:
+        """Every member with its `/status`, or the error it answered with (3 s each, one by one)."""
+        out: list[tuple[BrokerSet, int, str, dict[str, Any] | LedgerMQError]] = []
+        for s, bid, addr in await self.members():
+            try:
+                out.append((s, bid, addr, await self.member_status(addr, timeout_s=3.0)))
+            except LedgerMQError as exc:
+                out.append((s, bid, addr, exc))
+        return out
 
     async def member_status(self, addr: str, timeout_s: float = 2.0) -> dict[str, Any]:
         """One broker member's `GET /status`: role, master address, DLedger metadata with

@@ -379,36 +379,31 @@ def cmd_broker_status(a: Admin, args: argparse.Namespace) -> Result:
         dl = st.pop("dledger", None) or {}
         return {**st, **{f"dledger.{k}": v for k, v in dl.items()}}, None
     rows = []
-    for s in a.broker_sets():
-        for bid, addr in sorted(s.addrs.items()):
-            row: dict[str, Any] = {"brokerName": s.broker_name, "brokerId": bid, "addr": addr}
-            try:
-                st = a.member_status(addr, timeout_s=3.0)
-            except LedgerMQError as exc:
-                rows.append({**row, "role": "UNREACHABLE", "error": exc.code})
-                continue
-            dl = st.get("dledger") or {}
-            lag = dl.get("followerLag") or {}
-            row.update(
-                role=st.get("role"),
-                selfId=dl.get("selfId"),
-                term=dl.get("term"),
-                ledgerEndIndex=dl.get("ledgerEndIndex"),
-                committedIndex=dl.get("committedIndex"),
-                followerLag=lag if args.json else ",".join(f"{p}:{n}" for p, n in sorted(lag.items())),
-                uptimeS=round((st.get("uptimeMs") or 0) / 1000),
-                diskUsedRatio=_ratio(st.get("diskUsedRatio")),
-            )
-            rows.append(row)
+    for s, bid, addr, st in a.member_statuses():
+        row: dict[str, Any] = {"brokerName": s.broker_name, "brokerId": bid, "addr": addr}
+        if isinstance(st, LedgerMQError):
+            rows.append({**row, "role": "UNREACHABLE", "error": st.code})
+            continue
+        dl = st.get("dledger") or {}
+        lag = dl.get("followerLag") or {}
+        row.update(
+            role=st.get("role"),
+            selfId=dl.get("selfId"),
+            term=dl.get("term"),
+            ledgerEndIndex=dl.get("ledgerEndIndex"),
+            committedIndex=dl.get("committedIndex"),
+            followerLag=lag if args.json else ",".join(f"{p}:{n}" for p, n in sorted(lag.items())),
+            uptimeS=round((st.get("uptimeMs") or 0) / 1000),
+            diskUsedRatio=_ratio(st.get("diskUsedRatio")),
+        )
+        rows.append(row)
     return rows, [*BROKER_STATUS_COLUMNS, *_error_column(rows)]
 
 
 def cmd_get_broker_config(a: Admin, args: argparse.Namespace) -> Result:
     """RocketMQ's getBrokerConfig: key/value rows of one member (-b), or of every member of every
     set with its address; `-k` keeps the keys containing a text."""
-    members = [args.brokerAddr] if args.brokerAddr else [
-        addr for s in a.broker_sets() for _, addr in sorted(s.addrs.items())
-    ]
+    members = [args.brokerAddr] if args.brokerAddr else [addr for _, _, addr in a.members()]
     want = (args.key or "").lower()
     rows = []
     for addr in members:

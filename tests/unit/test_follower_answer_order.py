@@ -10,11 +10,14 @@ socket in a thread, so it reads the answer while the follower's loop is still bu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import socket
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -176,15 +179,15 @@ def _prepared(config: DLedgerConfig, entries: list[tuple[bytes, int]], committed
     currterm.write_text(f"currTerm={term}\nvoteLeader=\n")
 
 
-async def test_a_leader_backs_off_from_a_follower_holding_a_different_committed_entry(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def _diverged(tmp_path: Path, refusals: int) -> AsyncIterator[tuple[DLedgerServer, DLedgerServer, Any]]:
     """n1 holds entry 1 of term 1 committed; n0's log has another entry 1, of term 2 (what a
     majority that lost n1's went on to write). n0 leads (its log is the more up to date) and n1 can
-    never follow: n0 keeps trying, but from the second refusal each retry waits twice as long —
-    not thousands of COMPARE/TRUNCATE/APPEND rounds a second."""
+    never follow. Yields (leader, follower, the leader's dispatcher to n1) once that dispatcher has
+    been refused `refusals` times."""
     n0, _ = _member(tmp_path / "n0", "n0", heart_beat_time_interval_ms=100, min_vote_interval_ms=50,
                     max_vote_interval_ms=150)
     n1 = dataclasses.replace(n0, self_id="n1", store_base_dir=str(tmp_path / "n1"))
-
     _prepared(n1, [(b"first", 1), (b"second", 1)], committed=1, term=2)
     _prepared(n0, [(b"first", 1), (b"other", 2)], committed=0, term=2)
     leader, follower = DLedgerServer(n0), DLedgerServer(n1)
@@ -195,37 +198,30 @@ async def test_a_leader_backs_off_from_a_follower_holding_a_different_committed_
             while not leader.member_state.is_leader():  # noqa: ASYNC110 - polling another member's state
                 await asyncio.sleep(0.05)
             dispatcher = leader.pusher.dispatchers["n1"]
-            while dispatcher.refusals < 2:  # noqa: ASYNC110
+            while dispatcher.refusals < refusals:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
-        await asyncio.sleep(2.5)
-        # Waits of 0.1, 0.2, 0.4, 0.8 s after refusals 2..5: about 6 refusals in 2.5 s.
-        assert 3 <= dispatcher.refusals <= 8, dispatcher.refusals
-        assert dispatcher.refused_at == 1
-        assert follower.store.committed_index == 1 and follower.store.get(1).body == b"second"
+        yield leader, follower, dispatcher
     finally:
         await follower.shutdown()
         await leader.shutdown()
 
 
+async def test_a_leader_backs_off_from_a_follower_holding_a_different_committed_entry(tmp_path: Path) -> None:
+    """n0 keeps trying n1 (see `_diverged`), but from the second refusal each retry waits twice as
+    long — not thousands of COMPARE/TRUNCATE/APPEND rounds a second."""
+    async with _diverged(tmp_path, 2) as (_, follower, dispatcher):
+        await asyncio.sleep(2.5)
+        # Waits of 0.1, 0.2, 0.4, 0.8 s after refusals 2..5: about 6 refusals in 2.5 s.
+        assert 3 <= dispatcher.refusals <= 8, dispatcher.refusals
+        assert dispatcher.refused_at == 1
+        assert follower.store.committed_index == 1 and follower.store.get(1).body == b"second"
+
+
 async def test_a_leader_that_stepped_down_during_a_refusal_backoff_sends_no_compare(tmp_path: Path) -> None:
     """The backoff before a COMPARE lasts up to seconds; a member that stopped leading meanwhile (or
     leads a newer term) must not send that COMPARE in the term it no longer leads."""
-    n0, _ = _member(tmp_path / "n0", "n0", heart_beat_time_interval_ms=100, min_vote_interval_ms=50,
-                    max_vote_interval_ms=150)
-    n1 = dataclasses.replace(n0, self_id="n1", store_base_dir=str(tmp_path / "n1"))
-    _prepared(n1, [(b"first", 1), (b"second", 1)], committed=1, term=2)
-    _prepared(n0, [(b"first", 1), (b"other", 2)], committed=0, term=2)
-    leader, follower = DLedgerServer(n0), DLedgerServer(n1)
-    await leader.start()
-    await follower.start()
-    try:
+    async with _diverged(tmp_path, 3) as (leader, _, dispatcher):
         ms = leader.member_state
-        async with asyncio.timeout(10):
-            while not ms.is_leader():  # noqa: ASYNC110 - polling another member's state
-                await asyncio.sleep(0.05)
-            dispatcher = leader.pusher.dispatchers["n1"]
-            while dispatcher.refusals < 3:  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
         compare = dispatcher._compare_and_truncate
         in_term: list[bool] = []
 
@@ -238,6 +234,3 @@ async def test_a_leader_that_stepped_down_during_a_refusal_backoff_sends_no_comp
         ms.change_to_candidate(ms.curr_term + 1)
         await asyncio.sleep(1.5)
         assert in_term and all(in_term), in_term
-    finally:
-        await follower.shutdown()
-        await leader.shutdown()
