@@ -247,9 +247,11 @@ def cmd_query_msg_by_offset(args: argparse.Namespace) -> Result:
         broker = args.brokerName or sets[0]
         res = c.pull(args.topic, args.queueId, max(args.offset, 0), 1, broker_name=broker)
     if args.offset < 0 or not res.messages or res.messages[0].queue_offset != args.offset:
+        lo, hi = res.min_offset, res.max_offset
+        holds = f"holds {lo}..{hi - 1}" if hi > lo else "is empty"
         raise MessageNotFoundError(
             f"no message at offset {args.offset} of {args.topic} queue {args.queueId} on {broker} "
-            f"(the queue holds {res.min_offset}..{res.max_offset - 1})"
+            f"(the queue {holds})"
         )
     return {"brokerName": broker, **_message_row(res.messages[0])}, None
 
