@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from broker.topics import PERM_READ, PERM_WRITE
 from dledger.config import DLedgerConfig, parse_peers
 from dledger.rpc.auth import load_peer_keys
 from listener.config import (
@@ -149,6 +150,17 @@ def _path(v: str) -> str:
     return os.path.expanduser(v.strip())
 
 
+_BROKER_PERMISSIONS = {6: "read and write", 4: "read only", 2: "write only", 0: "neither"}
+
+
+def _broker_permission(v: str) -> int:
+    n = _int(v)
+    if n not in _BROKER_PERMISSIONS:
+        raise ValueError("expected 6 (read and write), 4 (read only: producers are routed elsewhere), "
+                         f"2 (write only) or 0, got {n}")
+    return n
+
+
 # RocketMQ key -> (attribute, parser). The one table; BrokerConfig below holds the defaults.
 KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "brokerClusterName": ("broker_cluster_name", _str),
@@ -198,6 +210,7 @@ KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "aclConfigFile": ("acl_config_file", _path),
     "registerNameServerPeriod": ("register_name_server_period", _register_period),
     "grpcServerPort": ("grpc_server_port", _port),
+    "brokerPermission": ("broker_permission", _broker_permission),
     "registrationSecretFile": ("registration_secret_file", _path),
 }
 
@@ -221,7 +234,7 @@ useReentrantLockWhenPutMessage warmMapedFileEnable offsetCheckInSlave debugLockE
 duplicationEnable diskFallRecorded osPageCacheBusyTimeOutMills defaultQueryMaxNum
 enableConsumeQueueExt mappedFileSizeConsumeQueueExt bitMapLengthConsumeQueueExt rocketmqHome
 kvConfigPath configStorePath clusterTopicEnable brokerTopicEnable traceTopicEnable msgTraceTopicName
-brokerPermission serverWorkerThreads serverCallbackExecutorThreads serverSelectorThreads
+serverWorkerThreads serverCallbackExecutorThreads serverSelectorThreads
 serverOnewaySemaphoreValue serverAsyncSemaphoreValue
 serverSocketSndBufSize serverSocketRcvBufSize serverPooledByteBufAllocatorEnable
 useEpollNativeSelector clientWorkerThreads clientCallbackExecutorThreads brokerIP2
@@ -290,6 +303,9 @@ class BrokerConfig:
     register_name_server_period: int = 30_000  # ms between heartbeats to every name server
     grpc_server_port: int = 0  # the RocketMQ 5 gRPC endpoint's port (RocketMQ proxy's key); 0 = none
     registration_secret_file: str = ""  # signs registrations (wire.regauth; first secret of the file)
+    # RocketMQ's PermName bits for the whole broker: 4 (read only) drains it of new writes, the way
+    # an operator takes a set out of service (`mqadmin updateBrokerConfig -k brokerPermission -v 4`).
+    broker_permission: int = PERM_READ | PERM_WRITE
     # The HTTP listener's TLS, read deadlines and connection caps, and the TLS of the calls to the
     # name servers: keys of listener.config's table (tls.server.*, tls.client.*, maxConnections …).
     listener: ListenerConfig = field(default_factory=ListenerConfig)
@@ -313,6 +329,19 @@ class BrokerConfig:
                     value = getattr(target, attr)
                     out[key] = "******" if key.endswith("keyPassword") and value else _prop(value)
         return out
+
+    @property
+    def broker_writable(self) -> bool:
+        return bool(self.broker_permission & PERM_WRITE)
+
+    @property
+    def broker_readable(self) -> bool:
+        return bool(self.broker_permission & PERM_READ)
+
+    def registered_perm(self, topic_perm: int) -> int:
+        """A topic's perm as this broker registers it with the name servers: `brokerPermission`
+        takes away reads or writes (RocketMQ registers `topic perm & brokerPermission` then)."""
+        return topic_perm & ~((PERM_READ | PERM_WRITE) & ~self.broker_permission)
 
     @property
     def broker_addr(self) -> str:
@@ -459,6 +488,95 @@ def config_from_mapping(values: Mapping[str, str], source: str = "<mapping>",
             raise ConfigError(where, key, "unknown key", nearest[0] if nearest else None)
     cfg.validate()
     return cfg
+
+
+# Keys that may change while the broker runs (`PATCH /admin/config`, `mqadmin updateBrokerConfig`);
+# every other key is read at start only.
+RUNTIME_KEYS = ("brokerPermission",)
+# Where a broker keeps what `updateBrokerConfig` changed, under storePathRootDir: read at start
+# after its .properties file, so a change outlives a restart without rewriting the operator's file.
+UPDATES_FILE = os.path.join("config", "updateBrokerConfig.properties")
+
+
+def parse_runtime_updates(updates: Mapping[str, str], source: str) -> dict[str, Any]:
+    """{key: parsed value} for `updates` (RocketMQ key -> value text), every one checked before
+    any is applied: ConfigError names a key that is unknown or read at start only, or its bad value."""
+    parsed: dict[str, Any] = {}
+    for key, raw in updates.items():
+        if key not in RUNTIME_KEYS:
+            if key in KEYS or key in SERVER_KEYS or key in CLIENT_KEYS:
+                runtime = ", ".join(RUNTIME_KEYS)
+                raise ConfigError(source, key, "read at start only: set it in the broker's .properties "
+                                  f"file and restart the broker (changeable at runtime: {runtime})")
+            if key in UNIMPLEMENTED_KEYS:
+                raise ConfigError(source, key, "not implemented by LedgerMQ")
+            nearest = difflib.get_close_matches(key, _known_keys(), n=1, cutoff=0.5)
+            raise ConfigError(source, key, "unknown key", nearest[0] if nearest else None)
+        try:
+            parsed[key] = KEYS[key][1](raw)
+        except ValueError as exc:
+            raise ConfigError(source, key, f"bad value: {exc}") from None
+    return parsed
+
+
+def apply_runtime_updates(cfg: BrokerConfig, parsed: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """Set `parse_runtime_updates`' values on `cfg`; {key: (old, new)} as `.properties` text."""
+    changed: dict[str, tuple[str, str]] = {}
+    for key, value in parsed.items():
+        attr = KEYS[key][0]
+        changed[key] = (_prop(getattr(cfg, attr)), _prop(value))
+        setattr(cfg, attr, value)
+    return changed
+
+
+def updates_path(cfg: BrokerConfig) -> str:
+    return os.path.join(cfg.store_path_root_dir, UPDATES_FILE)
+
+
+def _read_updates(path: str) -> list[tuple[int, str, str]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return parse_properties(f.read())
+    except FileNotFoundError:
+        return []
+
+
+def save_runtime_updates(cfg: BrokerConfig, parsed: Mapping[str, Any]) -> str:
+    """Merge `parsed` into the broker's updates file (written aside, fsynced, then renamed over
+    it: a crash leaves the old file or the new one); returns its path. Raises OSError."""
+    path = updates_path(cfg)
+    values = {key: value for _, key, value in _read_updates(path)}
+    values.update({key: _prop(value) for key, value in parsed.items()})
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    text = ("# What `mqadmin updateBrokerConfig` (PATCH /admin/config) changed on this broker; read at\n"
+            "# start after the broker's .properties file, whose value for these keys it replaces.\n"
+            + "".join(f"{key}={value}\n" for key, value in sorted(values.items())))
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(os.path.dirname(path), os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def load_runtime_updates(cfg: BrokerConfig) -> dict[str, tuple[str, str]]:
+    """At start: apply what earlier `updateBrokerConfig` calls saved over the config file's values;
+    {key: (file's value, saved value)}. A bad line raises ConfigError naming the file and key."""
+    path = updates_path(cfg)
+    try:
+        lines = _read_updates(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(path, "-", f"cannot read the saved config updates: {exc}") from None
+    parsed: dict[str, Any] = {}
+    for lineno, key, value in lines:
+        parsed.update(parse_runtime_updates({key: value}, f"{path}:{lineno}"))
+    return apply_runtime_updates(cfg, parsed)
 
 
 def load_broker_config(path: str, overrides: Mapping[str, str] | None = None) -> BrokerConfig:

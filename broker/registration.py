@@ -42,10 +42,12 @@ class BrokerRegistrar:
         self.registrations = 0
 
     def payload(self) -> dict[str, Any]:
-        """The registration body: identity, term and the user topics with their queues and perm."""
+        """The registration body: identity, term and the user topics with their queues and perm
+        (less what `brokerPermission` takes away)."""
         cfg = self.state.config
         topics = {
-            name: {"readQueueNums": t.read_queue_nums, "writeQueueNums": t.write_queue_nums, "perm": t.perm}
+            name: {"readQueueNums": t.read_queue_nums, "writeQueueNums": t.write_queue_nums,
+                   "perm": cfg.registered_perm(t.perm)}
             for name, t in self.state.store.topics.all().items()
             if not is_system_topic(name)
         }

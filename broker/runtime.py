@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from broker.config import BrokerConfig
+from broker.config import BrokerConfig, load_runtime_updates, updates_path
 from broker.controller import BrokerController
 from broker.grpc.server import GrpcFrontEnd
 from broker.http.server import HttpFrontEnd
@@ -97,6 +97,9 @@ class BrokerRuntime:
         """Build the controller, the services and the front-ends; start the store, then serve,
         then register. Raises if any step fails (after undoing the steps that succeeded)."""
         cfg = self.config
+        for key, (was, now) in load_runtime_updates(cfg).items():
+            log.info("event=config_update_loaded broker=%s key=%s value=%s configFileValue=%s file=%s",
+                     self.name, key, now, was, updates_path(cfg))
         self.controller = build_controller(cfg)
         # Before the store starts: group consumption registers the system-record handlers that
         # the store's replay at start must already see.

@@ -11,10 +11,12 @@ from typing import Any
 from client.errors import (
     BadRequestError,
     BrokerUnreachableError,
+    ForbiddenError,
     LedgerMQError,
     MessageNotFoundError,
     NotFoundError,
     TopicNotExistError,
+    UnauthorizedError,
 )
 from client.transport import AsyncTransport, base_url, seg, split_addrs
 from wire.msgid import MessageIdError
@@ -259,6 +261,47 @@ class AsyncAdmin:
         implements, as in a `.properties` file, key passwords masked), `source`, `ignored` (keys
         RocketMQ knows that LedgerMQ accepted without implementing)."""
         return await self.transport.request("GET", f"{base_url(addr)}/admin/config", timeout_s=timeout_s)
+
+    async def update_member_config(self, addr: str, updates: dict[str, str | int],
+                                   timeout_s: float = 5.0) -> dict[str, Any]:
+        """One member's `PATCH /admin/config` (admin right): `updated` {key: {old, new}}, `savedTo`
+        (the broker reads it again at start), and in a DLedger set `dLegerSelfId`/`dLegerPeers`."""
+        return await self.transport.request("PATCH", f"{base_url(addr)}/admin/config", json=updates,
+                                            timeout_s=timeout_s)
+
+    async def update_broker_config(self, updates: dict[str, str | int], *, cluster: str | None = None,
+                                   broker_name: str | None = None) -> list[dict[str, Any]]:
+        """RocketMQ's updateBrokerConfig on every member of the chosen sets (a cluster's, or one
+        set): a row per member and key (brokerName, addr, key, old, new), a row with `error` for a
+        member that refused or did not answer, and one for each DLedger member the name servers
+        do not list (it did not get the change: update it with its address once it is back)."""
+        rows: list[dict[str, Any]] = []
+        for s in await self.broker_sets(cluster, broker_name):
+            peers: set[str] = set()
+            reached: set[str] = set()
+            for _, addr in sorted(s.addrs.items()):
+                try:
+                    doc = await self.update_member_config(addr, updates)
+                except LedgerMQError as exc:
+                    if isinstance(exc, BadRequestError | ForbiddenError | UnauthorizedError) and not rows:
+                        raise  # the same answer from every member: say it once, nothing changed
+                    rows.append({"brokerName": s.broker_name, "addr": addr, "error": exc.code,
+                                 "detail": str(exc)})
+                    continue
+                peers.update(doc.get("dLegerPeers") or ())
+                if doc.get("dLegerSelfId"):
+                    reached.add(doc["dLegerSelfId"])
+                for key, change in doc["updated"].items():
+                    rows.append({"brokerName": s.broker_name, "addr": addr, "key": key, "old": change["old"],
+                                 "new": change["new"]})
+            unlisted = len(peers) - len(s.addrs)
+            if unlisted > 0:
+                missing = ", ".join(sorted(peers - reached))
+                rows.append({"brokerName": s.broker_name, "addr": "-", "error": "NOT_UPDATED",
+                             "detail": f"{unlisted} of the set's {len(peers)} DLedger members are not listed "
+                                       f"by the name servers (down?); not updated: {missing}. Run "
+                                       "updateBrokerConfig -b with each one's address once it is back"})
+        return rows
 
     async def member_metrics(self, addr: str, timeout_s: float = 2.0) -> str:
         """One member's Prometheus exposition (`GET /metrics`), as text."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from client.errors import (
     BrokerUnreachableError,
+    ForbiddenError,
     LedgerMQError,
     NotMasterError,
     ServerError,
@@ -26,6 +27,7 @@ from client.loop import BackgroundLoop, LightFuture, construct
 from client.prefetch import PullIterator, SyncPullIterator
 from client.received import PULL_BINARY_CONTENT_TYPE, PullResult, ReceivedMessage, decode_binary_page
 from client.transport import (
+    PERM_READ,
     AsyncTransport,
     BrokerSetRoute,
     RouteCache,
@@ -34,6 +36,7 @@ from client.transport import (
     seg,
     split_addrs,
 )
+from wire.codes import ErrorCode
 from wire.limits import MAX_RECEIVE_MESSAGES
 
 __all__ = [
@@ -149,6 +152,8 @@ class AsyncPullConsumer(_RouteUser):
         out: list[MessageQueue] = []
         missing = 0
         for b in route.brokers:
+            if not b.perm & PERM_READ:  # the topic's perm, or its broker's brokerPermission
+                continue
             nums = b.read_queue_nums
             if nums == 0:
                 try:
@@ -403,7 +408,8 @@ class AsyncSimpleConsumer(_RouteUser):
 
     async def _receive_now(self, max_messages: int, wait_ms: int, invisible_ms: int) -> list[ReceivedMessage]:
         route = await self.routes.get(self.topic)
-        if not route.brokers:
+        brokers = [b for b in route.brokers if b.perm & PERM_READ]  # RocketMQ's consumers: readable sets
+        if not brokers:
             return []
         body = {
             "topic": self.topic,
@@ -413,7 +419,7 @@ class AsyncSimpleConsumer(_RouteUser):
             "invisibleMs": invisible_ms,
         }
         turn = next(self._turn)
-        ordered = [route.brokers[(turn + i) % len(route.brokers)] for i in range(len(route.brokers))]
+        ordered = [brokers[(turn + i) % len(brokers)] for i in range(len(brokers))]
         ok = set(self.fault.available(b.broker_name for b in ordered))
         ordered.sort(key=lambda b: b.broker_name not in ok)  # stable: avoided sets last
         last: LedgerMQError | None = None
@@ -422,6 +428,14 @@ class AsyncSimpleConsumer(_RouteUser):
                 doc = await self._write(self.topic, broker, f"/consumers/{seg(self.group)}/receive", body)
             except (BrokerUnreachableError, NotMasterError) as exc:
                 self.fault.update(broker.broker_name, 0, failed=True)
+                last = exc
+                continue
+            except ForbiddenError as exc:
+                if exc.problem.get("code") != ErrorCode.NO_PERMISSION:
+                    raise
+                # The set stopped serving reads (brokerPermission) after this route was fetched:
+                # the others serve this receive, a fresh route leaves it out.
+                self.routes.invalidate(self.topic)
                 last = exc
                 continue
             got = [ReceivedMessage.from_json(m, broker.broker_name) for m in doc["messages"]]

@@ -135,6 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
         "The settings a broker runs with (-b one member; without, every member), defaults included",
     )
     c.add_argument("-k", "--key", help="only keys containing this text (case-insensitive)")
+    c = cmd(
+        "updateBrokerConfig",
+        "Change a setting while brokers run (-b one member, -B every member of a set, -c of a cluster's "
+        "sets), e.g. -k brokerPermission -v 4 to drain a set of new writes",
+    )
+    c.add_argument("-k", "--key", required=True)
+    c.add_argument("-v", "--value", required=True)
+    c.add_argument("-B", "--brokerName", help="every member of this broker set")
+    c.add_argument("-c", "--clusterName", help="every member of every set of this cluster")
     c = cmd("consumerProgress", "A group's (or, without -g, every group's) committed offset, max offset, lag")
     c.add_argument("-g", "--consumerGroup")
     c.add_argument("-t", "--topic")
@@ -424,6 +433,29 @@ def cmd_get_broker_config(a: Admin, args: argparse.Namespace) -> Result:
     return rows, ["broker", "key", "value", *_error_column(rows)]
 
 
+def cmd_update_broker_config(a: Admin, args: argparse.Namespace) -> Result:
+    """RocketMQ's updateBrokerConfig: one member (-b), or every member of a set (-B) or of a
+    cluster's sets (-c); a row per member, and any member not reached fails the command."""
+    updates = {args.key: args.value}
+    if args.brokerAddr:
+        if args.brokerName or args.clusterName:
+            raise BadRequestError("give one of -b (a member), -B (a set) or -c (a cluster)")
+        doc = a.update_member_config(args.brokerAddr, updates)
+        rows = [{"brokerName": doc["brokerName"], "addr": doc["brokerAddr"], "key": k, "old": c["old"],
+                 "new": c["new"]} for k, c in doc["updated"].items()]
+    elif args.brokerName or args.clusterName:
+        rows = a.update_broker_config(updates, cluster=args.clusterName, broker_name=args.brokerName)
+    else:
+        raise BadRequestError("say which brokers to change: -b ADDR (one member), -B NAME (every member of "
+                            "a set) or -c CLUSTER (every member of its sets)")
+    failed = [r for r in rows if "error" in r]
+    if failed:
+        detail = "; ".join(f"{r['brokerName']} {r['addr']}: {r['detail']}" for r in failed)
+        raise LedgerMQError(f"{len(failed)} member(s) not updated ({detail}); the others were: "
+                            + ", ".join(r["addr"] for r in rows if "error" not in r))
+    return rows, ["brokerName", "addr", "key", "old", "new"]
+
+
 def cmd_consumer_progress(a: Admin, args: argparse.Namespace) -> Result:
     rows = a.consumer_progress(args.consumerGroup, args.topic)
     columns = ["brokerName", "topic", "queueId", "offset", "maxOffset", "lag"]
@@ -520,6 +552,7 @@ ADMIN_COMMANDS = {
     "clusterList": cmd_cluster_list,
     "brokerStatus": cmd_broker_status,
     "getBrokerConfig": cmd_get_broker_config,
+    "updateBrokerConfig": cmd_update_broker_config,
     "consumerProgress": cmd_consumer_progress,
     "queryMsgById": cmd_query_msg_by_id,
     "queryMsgByKey": cmd_query_msg_by_key,

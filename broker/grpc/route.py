@@ -267,7 +267,7 @@ class RouteResolver:
             master,
             tc.read_queue_nums,
             tc.write_queue_nums,
-            tc.perm,
+            self.state.config.registered_perm(tc.perm),
             others,
         )
 

@@ -247,10 +247,18 @@ def _ops_routes(services: BrokerServices) -> APIRouter:
 
     @router.get("/admin/config", summary="The settings this broker runs with, defaults included")
     async def config(request: Request) -> dict[str, Any]:
-        services.acl.authorize(account_of(request), monitor=True)
-        cfg = state.config
-        return {"brokerName": cfg.broker_name, "brokerAddr": cfg.broker_addr, "source": cfg.source,
-                "properties": cfg.properties(), "ignored": dict(cfg.extra)}
+        return services.config.view(account_of(request))
+
+    @router.patch(
+        "/admin/config",
+        responses=PROBLEM_RESPONSES,
+        summary="Change settings while the broker runs (RocketMQ's updateBrokerConfig; admin only)",
+        description="A JSON object of key: value (`.properties` spelling), e.g. "
+        '`{"brokerPermission": 4}` to drain the broker of new writes. Saved under the store root '
+        "and read again at start. Keys read at start only are refused, naming the key.",
+    )
+    async def update_config(body: dict[str, Any], request: Request) -> dict[str, Any]:
+        return await services.config.update(account_of(request), body)
 
     @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def metrics(request: Request) -> Response:

@@ -17,6 +17,7 @@ from typing import Any
 
 from broker.controller import BrokerController
 from broker.service.acl import ANONYMOUS, AccessControl, Account, Right
+from broker.service.broker_config import BrokerConfigService
 from broker.service.clients import ClientInfo, ClientProtocol, ClientRegistry
 from broker.service.deliveries import DeliveryQueryService, DeliveryState, GroupDelivery
 from broker.service.dlq import DeadLetterService, ResendResult
@@ -38,6 +39,7 @@ __all__ = [
     "Account",
     "AckResult",
     "AckStatus",
+    "BrokerConfigService",
     "BrokerServices",
     "BrokerState",
     "ClientInfo",
@@ -95,6 +97,7 @@ class BrokerServices:
     dead_letters: DeadLetterService
     clients: ClientRegistry
     message_model: MessageModelService
+    config: BrokerConfigService
 
     @classmethod
     def create(cls, controller: BrokerController) -> BrokerServices:
@@ -122,6 +125,7 @@ class BrokerServices:
             dead_letters=DeadLetterService(state, acl, produce, query),
             clients=ClientRegistry(lambda: int(time.time() * 1000)),
             message_model=model,
+            config=BrokerConfigService(state, acl),
         )
         metrics.registry.register(BrokerStateCollector(controller.config.broker_name, services.snapshot))
         return services

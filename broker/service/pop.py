@@ -401,6 +401,9 @@ class PopService:
         _in_range("invisibleMs", invisible_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
         _in_range("waitMs", wait_ms, 0, MAX_RECEIVE_WAIT_MS)
         self._admit(account, group, topic)
+        if not self.config.broker_readable:  # acks of what was received before still settle
+            raise BrokerError(BrokerCode.NO_PERMISSION, f"broker {self.config.broker_addr}: receiving is "
+                              f"forbidden (brokerPermission={self.config.broker_permission})")
         deadline = time.monotonic() + min(wait_ms, self.config.broker_suspend_max_time_millis) / 1000
         while True:
             st = self._state(group, topic)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import time
 
-from broker.errors import BrokerError, from_dledger
+from broker.errors import BrokerCode, BrokerError, from_dledger
 from broker.message import Message
 from broker.message_model import SendResult
+from broker.message_type import TopicMessageType, topic_message_type
 from broker.service.acl import AccessControl, Account, Right
 from broker.service.message_model import MessageModelService
 from broker.service.metrics import BrokerMetrics
@@ -97,6 +98,14 @@ class ProduceService:
         # The topic's rules have one home (broker/topics.py), for the store's own puts too; here
         # every message's queue is checked before the first store call of a multi-run batch.
         cfg = await topics.writable(topic)
+        if not self.state.config.broker_writable and \
+                topic_message_type(cfg.attributes) is TopicMessageType.FIFO:
+            # RocketMQ's rule: a broker without write permission still takes what producers with
+            # an old route send (routes move them off within a refresh), except to a FIFO topic,
+            # whose message groups must not be spread over two brokers meanwhile.
+            raise BrokerError(BrokerCode.NO_PERMISSION, f"broker {self.state.config.broker_addr}: sending to "
+                              f"FIFO topic {topic!r} is forbidden (brokerPermission="
+                              f"{self.state.config.broker_permission})", topic=topic)
         if created:
             self.state.topics_changed()
         for i, q in enumerate(queue_ids):

@@ -37,7 +37,11 @@ class PullService:
         self.config = state.config
 
     def readable_topic(self, topic: str) -> TopicConfig:
-        """The config of `topic`; TOPIC_NOT_EXIST, or NO_PERMISSION when its perm forbids reads."""
+        """The config of `topic`; TOPIC_NOT_EXIST, or NO_PERMISSION when its perm (or the broker's
+        `brokerPermission`) forbids reads."""
+        if not self.config.broker_readable:
+            raise BrokerError(BrokerCode.NO_PERMISSION, f"broker {self.config.broker_addr}: pulling is "
+                              f"forbidden (brokerPermission={self.config.broker_permission})")
         cfg = self.store.topics.get(topic)
         if cfg is None:
             raise BrokerError(BrokerCode.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist", topic=topic)

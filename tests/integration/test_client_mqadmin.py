@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import time
 
+import httpx
 import orjson
 import pytest
 
@@ -195,3 +196,35 @@ def test_mqadmin_query_msg_by_offset(env, capsys):
     assert "MESSAGE_NOT_FOUND" in err and "holds 0..2" in err
     assert mqadmin([*at, "-o", "0", "-B", "nope"]) == 1
     assert "TOPIC_NOT_EXIST" in capsys.readouterr().err
+
+
+def test_mqadmin_update_broker_config_on_one_member_and_its_refusals(env, capsys):
+    admin(env, "updateTopic", "-t", "perms", "-r", "1", "-w", "1")
+    (row,) = admin(env, "updateBrokerConfig", "-b", env["broker"], "-k", "brokerPermission", "-v", "4")
+    assert row == {"brokerName": "broker-s", "addr": env["broker"], "key": "brokerPermission", "old": "6",
+                   "new": "4"}
+    try:
+        deadline = time.monotonic() + 10
+        while httpx.get(f"http://{env['ns']}/routes/perms").json()["brokers"][0]["perm"] != 4:
+            assert time.monotonic() < deadline, "the route never showed the broker read-only"
+            time.sleep(0.1)
+        (cfg,) = admin(env, "getBrokerConfig", "-b", env["broker"], "-k", "brokerPermission")
+        assert cfg == {"key": "brokerPermission", "value": "4"}
+    finally:
+        admin(env, "updateBrokerConfig", "-B", "broker-s", "-k", "brokerPermission", "-v", "6")
+    capsys.readouterr()
+    base = ["updateBrokerConfig", "-n", env["ns"]]
+    for args, expected in [
+        (["-k", "brokerPermission", "-v", "4"], "say which brokers to change"),
+        (["-b", env["broker"], "-B", "broker-s", "-k", "brokerPermission", "-v", "4"], "give one of"),
+        (["-B", "broker-s", "-k", "brokerPermision", "-v", "4"], "did you mean 'brokerPermission'"),
+        (["-B", "broker-s", "-k", "listenPort", "-v", "1"], "listenPort: read at start only"),
+        (["-c", "DefaultCluster", "-k", "brokerPermission", "-v", "3"], "brokerPermission: bad value"),
+        (["-B", "nope", "-k", "brokerPermission", "-v", "4"], "no live broker set"),
+    ]:
+        assert mqadmin([*base, *args]) == 1, args
+        err = capsys.readouterr().err
+        assert expected in err, (args, err)
+        assert err.count("\n") == 1, err  # one line, said once for every member
+    (cfg,) = admin(env, "getBrokerConfig", "-b", env["broker"], "-k", "brokerPermission")
+    assert cfg["value"] == "6"

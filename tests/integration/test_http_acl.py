@@ -65,6 +65,18 @@ def test_missing_or_unknown_token_is_401(broker):
     assert httpx.get(f"{url}/health").status_code == 200  # liveness stays open
 
 
+def test_changing_the_config_at_runtime_needs_an_admin(broker):
+    url = broker["url"]
+    body = {"brokerPermission": 6}
+    assert httpx.patch(f"{url}/admin/config", json=body).status_code == 401
+    for token in ("pub-tok", "mon-tok"):  # the monitoring right reads the config, no more
+        r = httpx.patch(f"{url}/admin/config", json=body, headers=h(token))
+        assert r.status_code == 403 and "not an admin" in r.json()["detail"], r.text
+    r = httpx.patch(f"{url}/admin/config", json=body, headers=h("admin-tok"))
+    assert r.status_code == 200, r.text
+    assert r.json()["updated"] == {"brokerPermission": {"old": "6", "new": "6"}}
+
+
 def test_rights_per_topic_group_and_admin(broker):
     url = broker["url"]
     r = httpx.post(

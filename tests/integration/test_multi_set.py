@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from client import Admin, Producer, SimpleConsumer
+from client import Admin, Producer, PullConsumer, SimpleConsumer
 from client.errors import LedgerMQError, SendOutcomeUnknownError
 from client.mqadmin import main as mqadmin
 from client.producer import AsyncProducer
@@ -287,3 +287,92 @@ def test_killing_a_whole_set_moves_producers_to_the_other_within_2_s(env):
             assert s.error.broker_name == "broker-b" and s.body not in on_a
         elif s.error is not None:
             assert s.body not in set(bodies), f"{s.body} refused ({s.error!r}) yet stored"
+
+
+def _route_perms(ns: str, topic: str) -> dict[str, int]:
+    r = httpx.get(f"http://{ns}/routes/{topic}", timeout=5)
+    return {b["brokerName"]: b["perm"] for b in r.json()["brokers"]} if r.status_code == 200 else {}
+
+
+def test_a_set_drained_by_update_broker_config_gets_no_new_writes_and_stays_drained_after_a_restart(env):
+    """The operator's drill before maintenance (RocketMQ's `updateBrokerConfig -k brokerPermission
+    -v 4`): the set leaves the producers' routes at once, a producer with an old route still gets
+    its normal messages stored (FIFO ones are refused), the setting survives a SIGKILL of the
+    set's master and a restart, and giving the permission back brings the producers back."""
+    topic, fifo = "drained", "drained-fifo"
+    create_topic(env, topic)
+    with Admin(env.ns) as admin:
+        admin.update_topic(fifo, QUEUES, QUEUES, attributes={"message.type": "FIFO"})
+    out = io.StringIO()
+    drain = ["-B", "broker-b", "-k", "brokerPermission", "-v", "4", "--json"]
+    args = ["updateBrokerConfig", "-n", env.ns, *drain]
+    try:
+        assert mqadmin(args, out=out) == 0
+        rows = json.loads(out.getvalue())
+        assert sorted(r["addr"] for r in rows) == sorted(env.addrs["broker-b"].values())
+        assert {(r["key"], r["new"]) for r in rows} == {("brokerPermission", "4")}
+        _wait(lambda: _route_perms(env.ns, topic) == {"broker-a": 6, "broker-b": 4}, 10,
+              "the route shows broker-b read-only")
+        with Producer(env.ns) as p:
+            assert {p.send(topic, f"d{i}").broker_name for i in range(40)} == {"broker-a"}
+
+        b_addrs = env.addrs["broker-b"]
+        master = wait_master(b_addrs, timeout_s=30)
+        stale = httpx.post(f"http://{b_addrs[master]}/topics/{topic}/messages", json={"body": "old route"})
+        assert stale.status_code == 200, stale.text  # RocketMQ's rule: only FIFO sends are refused
+        r = httpx.post(f"http://{b_addrs[master]}/topics/{fifo}/messages",
+                       json={"body": "f", "messageGroup": "g1"})
+        assert r.status_code == 403 and r.json()["code"] == "NO_PERMISSION", r.text
+        assert "brokerPermission=4" in r.json()["detail"]
+
+        # SIGKILL the set's master, start it again: every member still runs read-only.
+        proc = f"broker-b-{master}"
+        env.group.kill(proc, signal.SIGKILL)
+        wait_master(b_addrs, timeout_s=30, exclude={master})
+        env.group.start(proc, "broker", "-c", str(env.workdir / f"{proc}.conf"))
+        wait_http(f"http://{b_addrs[master]}/health", timeout_s=30, proc=env.group.procs[proc])
+        for addr in b_addrs.values():
+            props = httpx.get(f"http://{addr}/admin/config", timeout=5).json()["properties"]
+            assert props["brokerPermission"] == "4", addr
+        _wait(lambda: _route_perms(env.ns, topic) == {"broker-a": 6, "broker-b": 4}, 10,
+              "still read-only after the failover")
+    finally:
+        restore = ["-c", "DefaultCluster", "-k", "brokerPermission", "-v", "6"]
+        assert mqadmin(["updateBrokerConfig", "-n", env.ns, *restore], out=io.StringIO()) == 0
+    _wait(lambda: _route_perms(env.ns, topic) == {"broker-a": 6, "broker-b": 6}, 10,
+          "both sets writable again")
+    with Producer(env.ns) as p:
+        assert {p.send(topic, f"e{i}").broker_name for i in range(40)} == set(SETS)
+
+
+def test_consumers_skip_a_set_whose_broker_permission_forbids_reads(env):
+    """brokerPermission=2 (write only): RocketMQ's consumers leave the set out of their queues;
+    ours do too, and a pull or receive sent there anyway is refused with NO_PERMISSION."""
+    topic = "unread"
+    create_topic(env, topic)
+    with Producer(env.ns) as p:
+        sent = [p.send(topic, f"u{i}") for i in range(40)]
+    assert {r.broker_name for r in sent} == set(SETS)
+    on_a = sum(1 for r in sent if r.broker_name == "broker-a")
+    write_only = ["-B", "broker-b", "-k", "brokerPermission", "-v", "2"]
+    try:
+        assert mqadmin(["updateBrokerConfig", "-n", env.ns, *write_only], out=io.StringIO()) == 0
+        _wait(lambda: _route_perms(env.ns, topic) == {"broker-a": 6, "broker-b": 2}, 10, "write-only")
+        with SimpleConsumer("g-unread", topic, env.ns) as c:
+            got = []
+            deadline = time.monotonic() + 10
+            while len(got) < on_a and time.monotonic() < deadline:
+                msgs = c.receive(max_messages=32, wait_ms=200)
+                if msgs:
+                    c.ack(*msgs)
+                got += msgs
+            assert len(got) == on_a and {m.broker_name for m in got} == {"broker-a"}
+        with PullConsumer(env.ns) as pc:
+            assert {q.broker_name for q in pc.queues(topic)} == {"broker-a"}
+        b_addrs = env.addrs["broker-b"]
+        master = b_addrs[wait_master(b_addrs, timeout_s=30)]
+        r = httpx.get(f"http://{master}/topics/{topic}/queues/0/messages", params={"offset": 0})
+        assert r.status_code == 403 and r.json()["code"] == "NO_PERMISSION", r.text
+    finally:
+        restore = ["-B", "broker-b", "-k", "brokerPermission", "-v", "6"]
+        assert mqadmin(["updateBrokerConfig", "-n", env.ns, *restore], out=io.StringIO()) == 0

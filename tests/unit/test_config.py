@@ -1,10 +1,22 @@
 """RocketMQ .properties loader: known keys typed, RocketMQ-only keys warned, typos refused."""
 
 import logging
+import os
 
 import pytest
 
-from broker.config import BrokerConfig, ConfigError, config_from_mapping, load_broker_config, parse_properties
+from broker.config import (
+    BrokerConfig,
+    ConfigError,
+    apply_runtime_updates,
+    config_from_mapping,
+    load_broker_config,
+    load_runtime_updates,
+    parse_properties,
+    parse_runtime_updates,
+    save_runtime_updates,
+    updates_path,
+)
 from broker.errors import BrokerCode, BrokerError
 from broker.topics import validate_topic
 
@@ -93,6 +105,7 @@ def test_typo_refused_with_file_line_and_nearest_key(tmp_path):
     # A name the name servers would refuse: the broker would run but never be routed to.
     ("brokerName=broker a", "brokerName"), ("brokerName=" + "b" * 128, "brokerName"),
     ("idempotencyMaxKeys=0", "idempotencyMaxKeys"),
+    ("brokerPermission=7", "brokerPermission"), ("brokerPermission=rw", "brokerPermission"),
 ])
 def test_bad_value_refused(tmp_path, line, key):
     p = tmp_path / "b.conf"
@@ -148,3 +161,60 @@ def test_properties_show_every_setting_as_a_file_would_and_read_back_the_same(tm
     again.tls_client.key_password = cfg.tls_client.key_password
     assert again == cfg
     assert BrokerConfig().properties()["tls.client.keyPassword"] == ""  # nothing set: nothing masked
+
+
+def test_broker_permission_takes_reads_or_writes_out_of_what_the_topics_register():
+    """RocketMQ's brokerPermission: 4 registers every topic without WRITE (producers are routed
+    elsewhere), 2 without READ; a topic's own PRIORITY/INHERIT bits are kept."""
+    cfg = config_from_mapping({"brokerPermission": "4"})
+    assert (cfg.broker_readable, cfg.broker_writable) == (True, False)
+    assert [cfg.registered_perm(p) for p in (6, 4, 2, 14)] == [4, 4, 0, 12]
+    cfg = config_from_mapping({"brokerPermission": "2"})
+    assert [cfg.registered_perm(p) for p in (6, 4, 2)] == [2, 0, 2]
+    assert [BrokerConfig().registered_perm(p) for p in (6, 4, 2, 0)] == [6, 4, 2, 0]
+
+
+@pytest.mark.parametrize(("key", "value", "reason"), [
+    ("brokerPermision", "4", "unknown key"),  # the typo gets the nearest key below
+    ("listenPort", "10912", "read at start only"),
+    ("tls.server.mode", "required", "read at start only"),
+    ("haListenPort", "1", "not implemented"),
+    ("brokerPermission", "5", "bad value"),
+    ("brokerPermission", "", "bad value"),
+])
+def test_a_runtime_update_names_the_key_it_refuses(key, value, reason):
+    with pytest.raises(ConfigError) as ei:
+        parse_runtime_updates({key: value}, "update")
+    assert ei.value.key == key and reason in ei.value.reason
+    if key == "brokerPermision":
+        assert ei.value.nearest == "brokerPermission"
+
+
+def test_runtime_updates_are_saved_and_read_again_at_start_over_the_config_file(tmp_path):
+    conf = tmp_path / "b.conf"
+    conf.write_text(f"storePathRootDir={tmp_path / 'store'}\nbrokerPermission=6\n")
+    cfg = load_broker_config(str(conf))
+    assert load_runtime_updates(cfg) == {}  # nothing saved yet: the file's values stand
+    parsed = parse_runtime_updates({"brokerPermission": "4"}, "update")
+    path = save_runtime_updates(cfg, parsed)
+    assert path == updates_path(cfg) and cfg.broker_permission == 6  # saving does not apply
+    assert apply_runtime_updates(cfg, parsed) == {"brokerPermission": ("6", "4")}
+    restarted = load_broker_config(str(conf))
+    assert restarted.broker_permission == 6
+    assert load_runtime_updates(restarted) == {"brokerPermission": ("6", "4")}
+    assert restarted.broker_permission == 4 and restarted.properties()["brokerPermission"] == "4"
+    # A later update rewrites the saved value; the file stays a .properties file a human can read.
+    save_runtime_updates(cfg, parse_runtime_updates({"brokerPermission": "6"}, "update"))
+    assert [(k, v) for _, k, v in parse_properties(open(path).read())] == [("brokerPermission", "6")]
+    assert not (tmp_path / "store" / "config" / "updateBrokerConfig.properties.tmp").exists()
+
+
+def test_a_damaged_saved_update_stops_the_start_naming_file_line_and_key(tmp_path):
+    cfg = config_from_mapping({"storePathRootDir": str(tmp_path)})
+    os.makedirs(os.path.dirname(updates_path(cfg)))
+    with open(updates_path(cfg), "w") as f:
+        f.write("# comment\nbrokerPermission=9\n")
+    with pytest.raises(ConfigError) as ei:
+        load_runtime_updates(cfg)
+    assert ei.value.key == "brokerPermission" and ei.value.source == f"{updates_path(cfg)}:2"
+    assert cfg.broker_permission == 6
