@@ -6,7 +6,8 @@ RocketMQ's push consumer does, over the group-consumption API (receive / ack / n
   flow control; RocketMQ's defaults 1,024 messages / 64 MiB). A receive asks for at most what
   the handlers finished in the last third of the invisible time (at least
   `consume_thread_count`), less what already waits: a message that waited longer than that in
-  the cache would turn visible again before a handler started it. 128 per receive rather than
+  the cache would turn visible again before a handler started it. Each loop asks for at most its
+  share of that, so every set is polled however idle the others are. 128 per receive rather than
   RocketMQ's 32 per pull: each receive costs the broker a fixed share of its CPU, and RocketMQ
   has a pull per queue in flight where this has one receive per broker set.
 - `consume_thread_count` workers call the listener: threads for a plain function, tasks for a
@@ -19,6 +20,9 @@ RocketMQ's push consumer does, over the group-consumption API (receive / ack / n
 - `shutdown(timeout_s)` stops receiving, lets running handlers finish (up to `timeout_s`), gives
   back the messages no handler started (visible again at once), then sends the pending acks.
 - `lag()` is the group's lag over every queue of the topic (committed low-water marks).
+- Every `SETS_WATCH_S` the topic's route is read again (RocketMQ's rebalance interval): a broker
+  set that joins it later (a new set, or one that was down when the consumer started) gets its
+  receive loops then. A set that fails keeps its loops, retrying every second.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ class AsyncPushConsumer:
     # Receives on the wire per broker set: while one answer is decoded and handed to the
     # handlers, the next is already being served.
     RECEIVES_PER_SET = 2
+    # How often the route is read again for broker sets that joined the topic (RocketMQ: 20 s).
+    SETS_WATCH_S = 20.0
 
     def __init__(
         self,
@@ -114,7 +120,9 @@ class AsyncPushConsumer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[threading.Thread] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._sets: set[str] = set()  # broker sets with receive loops
         self._renewer: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._renewing: dict[int, asyncio.Future[None]] = {}  # id(msg) -> its renewal in flight
         self._workers: list[asyncio.Task[None]] = []
         self._side: set[asyncio.Task[Any]] = set()
@@ -126,8 +134,7 @@ class AsyncPushConsumer:
         route = await self.simple.routes.get(self.topic)
         self._running = True
         for broker in route.brokers:
-            for _ in range(self.RECEIVES_PER_SET):
-                self._tasks.append(loop.create_task(self._receive_loop(broker.broker_name)))
+            self._start_set(broker.broker_name)
         if self.is_async:
             self._workers = [loop.create_task(self._worker()) for _ in range(self.consume_thread_count)]
         else:
@@ -140,16 +147,45 @@ class AsyncPushConsumer:
             for t in self._threads:
                 t.start()
         self._renewer = loop.create_task(self._renew_every())
+        self._watcher = loop.create_task(self._watch_sets())
 
     # ---- receiving -----------------------------------------------------------------------------
+    def _start_set(self, broker_name: str) -> None:
+        assert self._loop is not None
+        self._sets.add(broker_name)
+        for _ in range(self.RECEIVES_PER_SET):
+            self._tasks.append(self._loop.create_task(self._receive_loop(broker_name)))
+
+    async def _watch_sets(self) -> None:
+        """Receive from broker sets that joined the topic's route after `start`."""
+        while self._running:
+            await asyncio.sleep(self.SETS_WATCH_S)
+            try:
+                route = await self.simple.routes.get(self.topic, refresh=True)
+            except LedgerMQError as exc:  # the cached route stays; the next round asks again
+                log.debug("push route refresh failed group=%s topic=%s: %s", self.group, self.topic, exc)
+                continue
+            for broker in route.brokers:
+                if self._running and broker.broker_name not in self._sets:
+                    log.info("push consumer group=%s topic=%s: broker set %s joined the route, receiving "
+                             "from it", self.group, self.topic, broker.broker_name)
+                    self._start_set(broker.broker_name)
+
     async def _receive_loop(self, broker_name: str) -> None:
         body = {"topic": self.topic, "waitMs": self.wait_ms, "invisibleMs": self.invisible_ms}
         path = f"/consumers/{seg(self.group)}/receive"
+        failing = ""  # the error the last receive failed with: said once, not once a second
         while self._running:
+            allowance = self._allowance()
+            # Each loop asks for at most its share of what may wait for a handler: a loop that
+            # asks again right after an empty long poll must not hold all of it while the loops
+            # of the other broker sets wait (an idle set would starve one that has messages).
+            share = -(-allowance // (len(self._sets) * self.RECEIVES_PER_SET))
             room = min(
                 self.receive_batch,
                 self.max_cached_messages - self._cached - self._asked,
-                self._allowance() - self._asked,
+                allowance - self._asked,
+                share,
             )
             if room <= 0 or self._cached_bytes >= self.max_cached_bytes:
                 self._room.clear()
@@ -162,10 +198,17 @@ class AsyncPushConsumer:
                     doc = await self.simple._write(self.topic, broker, path, {**body, "maxMessages": room})
                 finally:
                     self._asked -= room
+                    self._room.set()  # what this receive did not bring, another loop may ask for
             except LedgerMQError as exc:
-                log.warning("push receive failed group=%s broker=%s: %s", self.group, broker_name, exc)
+                if str(exc) != failing:
+                    failing = str(exc)
+                    log.warning("push receive failed group=%s broker=%s (retrying every second): %s",
+                                self.group, broker_name, exc)
                 await asyncio.sleep(1.0)  # RocketMQ's back-off after a failed receive
                 continue
+            if failing:
+                failing = ""
+                log.info("push receive works again group=%s broker=%s", self.group, broker_name)
             if not self._running:  # shut down while the long poll was out: give them back
                 await self._give_back([ReceivedMessage.from_json(m, broker_name) for m in doc["messages"]])
                 return
@@ -315,6 +358,9 @@ class AsyncPushConsumer:
         if not self._running and not self._tasks and not self._threads:
             return
         self._running = False
+        if self._watcher is not None:
+            self._watcher.cancel()  # no set joins from now on: _tasks is complete
+            await asyncio.gather(self._watcher, return_exceptions=True)
         receive_tasks = list(self._tasks)
         unstarted = self._take_unstarted()  # no handler starts another message from now on
         self._work.set()
@@ -344,6 +390,7 @@ class AsyncPushConsumer:
             await asyncio.gather(*self._side, return_exceptions=True)
         await self.simple.flush_acks()
         self._tasks.clear()
+        self._sets.clear()
         await self.simple.close()
 
     def _take_unstarted(self) -> list[ReceivedMessage]:

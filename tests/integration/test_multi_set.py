@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from client import Admin, Producer, PullConsumer, SimpleConsumer
+from client import Admin, Producer, PullConsumer, PushConsumer, SimpleConsumer
 from client.errors import LedgerMQError, SendOutcomeUnknownError
 from client.mqadmin import main as mqadmin
 from client.producer import AsyncProducer
@@ -376,3 +376,59 @@ def test_consumers_skip_a_set_whose_broker_permission_forbids_reads(env):
     finally:
         restore = ["-B", "broker-b", "-k", "brokerPermission", "-v", "6"]
         assert mqadmin(["updateBrokerConfig", "-n", env.ns, *restore], out=io.StringIO()) == 0
+
+
+def test_a_push_consumer_receives_from_a_set_that_joins_the_route_after_it_started(env):
+    """RocketMQ's push consumers pick up queues that join the route (rebalance): a set that was
+    stopped when the consumer started is received from once it is back."""
+    topic = "late-set"
+    create_topic(env, topic)
+    got: set[str] = set()
+    lock = threading.Lock()
+
+    def listener(m) -> None:
+        with lock:
+            got.add(m.text)
+
+    for sid in env.addrs["broker-b"]:  # a graceful stop: its members leave the route at once
+        env.group.kill(f"broker-b-{sid}", signal.SIGTERM)
+    _wait(lambda: {b["brokerName"] for b in httpx.get(f"http://{env.ns}/routes/{topic}").json()["brokers"]}
+          == {"broker-a"}, 15, "broker-b left the route")
+    consumer = PushConsumer("g-late", topic, listener, env.ns, wait_ms=500)
+    consumer._c.SETS_WATCH_S = 0.5  # RocketMQ's 20 s, shortened for the test
+    consumer.start()
+    try:
+        with Producer(env.ns) as p:
+            bodies = [f"a{i}" for i in range(10)]
+            assert {p.send(topic, b).broker_name for b in bodies} == {"broker-a"}
+        env.start_set("broker-b")
+        _wait(lambda: _route_has_both(env.ns, topic), 30, "broker-b back in the route")
+        with Producer(env.ns) as p:
+            late = [f"b{i}" for i in range(10)]
+            assert {p.send(topic, b, broker_name="broker-b").broker_name for b in late} == {"broker-b"}
+        _wait(lambda: got >= set(bodies + late), 20, "the push consumer received broker-b's messages")
+    finally:
+        consumer.shutdown(10)
+
+
+def test_a_push_consumer_receives_from_every_set_while_the_others_are_idle(env):
+    """Messages on one set only: the push consumer's receive loops of the idle set must not hold
+    all it may ask for (they did: one loop re-asked after each empty long poll and the loops of
+    the other set waited for a handler to finish, which never came)."""
+    topic = "one-sided"
+    create_topic(env, topic)
+    got: set[str] = set()
+    lock = threading.Lock()
+
+    def listener(m) -> None:
+        with lock:
+            got.add(m.text)
+
+    with PushConsumer("g-one-sided", topic, listener, env.ns, wait_ms=500) as consumer:
+        assert consumer._c._sets == set(SETS)
+        time.sleep(1.0)  # every loop has long-polled an empty queue at least once
+        for name in reversed(SETS):
+            with Producer(env.ns) as p:
+                bodies = [f"{name}-{i}" for i in range(10)]
+                assert {p.send(topic, b, broker_name=name).broker_name for b in bodies} == {name}
+            _wait(lambda b=bodies: got >= set(b), 10, f"the push consumer received {name}'s messages")
