@@ -144,11 +144,12 @@ class AsyncPullConsumer(_RouteUser):
         super().__init__(namesrv_addr, broker_addr, token, request_timeout_s, ca_file, client_cert)
         self._iterators: list[PullIterator] = []
 
-    async def queues(self, topic: str) -> list[MessageQueue]:
-        """Every readable queue of `topic`, per broker set. A route that does not carry queue
-        numbers (broker_addr mode, or a topic the name servers do not route yet) is completed
-        from the broker's own topic config; TopicNotExistError when no set holds the topic."""
-        route = await self.routes.get(topic)
+    async def queues(self, topic: str, refresh: bool = False) -> list[MessageQueue]:
+        """Every readable queue of `topic`, per broker set (`refresh`: the route asked again, not
+        the cached one). A route that does not carry queue numbers (broker_addr mode, or a topic
+        the name servers do not route yet) is completed from the broker's own topic config;
+        TopicNotExistError when no set holds the topic."""
+        route = await self.routes.get(topic, refresh=refresh)
         out: list[MessageQueue] = []
         missing = 0
         for b in route.brokers:
@@ -606,8 +607,8 @@ class PullConsumer(_SyncWrapper):
 
     _async_cls = AsyncPullConsumer
 
-    def queues(self, topic: str) -> list[MessageQueue]:
-        return self._run(self._c.queues(topic))
+    def queues(self, topic: str, refresh: bool = False) -> list[MessageQueue]:
+        return self._run(self._c.queues(topic, refresh))
 
     def pull(
         self,

@@ -11,6 +11,12 @@ position becomes that message's offset — everything before it is done; the per
 (`commit_interval_ms`) sends those positions, so after a crash at most the message in hand per
 queue is delivered again (at least once). `close()` commits past the last message handed out.
 A queue whose offset fell out of retention continues at its first stored message.
+
+The queues are looked up again every `QUEUES_WATCH_S` (RocketMQ's rebalance interval): a broker
+set that joins the topic later (a new set, or one that could not be reached at start) and a
+topic's added queues are read from then on — from the group's committed offset, else from their
+first message (nothing stored in them is skipped). Only when no set at all can be reached does
+the start fail.
 """
 
 from __future__ import annotations
@@ -29,13 +35,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_S = 1.0  # a queue whose set does not answer is asked again after this long
+QUEUES_WATCH_S = 20.0  # how often the topic's queues are looked up again
 _STARTS = ("committed", "earliest", "latest")
 
 
 class PullSource(Protocol):
     """What the iterator needs of a pull consumer (`client.consumer.AsyncPullConsumer`)."""
 
-    async def queues(self, topic: str) -> list[Any]: ...  # items with .broker_name, .queue_id
+    async def queues(self, topic: str, refresh: bool = False) -> list[Any]: ...  # .broker_name, .queue_id
 
     async def queue_offsets(self, topic: str, broker_name: str) -> dict[int, tuple[int, int]]: ...
 
@@ -82,34 +89,73 @@ class PullIterator:
         self._pages: asyncio.Queue[tuple[tuple[str, int], PullResult]] = asyncio.Queue()
         self._credits: dict[tuple[str, int], asyncio.Semaphore] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.queues_watch_s = QUEUES_WATCH_S
         self._current: list[ReceivedMessage] = []
         self._at = 0
         self._closed = False
 
     async def start(self) -> None:
-        """Find the queues and their start offsets; start the fetch (and commit) tasks."""
-        queues = await self.consumer.queues(self.topic)
-        by_set: dict[str, list[Any]] = {}
-        for mq in queues:
-            by_set.setdefault(mq.broker_name, []).append(mq)
+        """Find the queues and their start offsets; start the fetch (and commit) tasks. Raises
+        when no broker set holding the topic can be reached."""
+        errors = await self._discover(await self.consumer.queues(self.topic), self.start_at)
+        if errors and not self._credits:
+            raise errors[0]
         loop = asyncio.get_running_loop()
-        for broker_name, mqs in by_set.items():
-            starts = await self._start_offsets(broker_name)
-            for mq in mqs:
-                key = (broker_name, mq.queue_id)
-                self._credits[key] = asyncio.Semaphore(self.prefetch_pages)
-                offset = starts.get(mq.queue_id, 0)
-                self._committed[key] = offset
-                self._tasks.append(loop.create_task(self._fetch(key, offset)))
         if self.group is not None and self.commit_interval_s > 0:
             self._tasks.append(loop.create_task(self._commit_every()))
+        self._tasks.append(loop.create_task(self._watch_queues()))
 
-    async def _start_offsets(self, broker_name: str) -> dict[int, int]:
+    async def _discover(self, queues: list[Any], start_at: str) -> list[LedgerMQError]:
+        """Start fetching the queues of `queues` not fetched yet, each set's from `start_at`; the
+        errors of the sets that could not be asked for their offsets (tried again later)."""
+        by_set: dict[str, list[Any]] = {}
+        for mq in queues:
+            if (mq.broker_name, mq.queue_id) not in self._credits:
+                by_set.setdefault(mq.broker_name, []).append(mq)
+        loop = asyncio.get_running_loop()
+        errors = []
+        for broker_name, mqs in by_set.items():
+            try:
+                starts = await self._start_offsets(broker_name, start_at)
+            except LedgerMQError as exc:
+                log.warning("pull iterator topic=%s: broker set %s not reached (%s); tried again in %g s",
+                            self.topic, broker_name, exc, self.queues_watch_s)
+                errors.append(exc)
+                continue
+            if self._closed:  # closed while we asked: start nothing close() would not stop
+                break
+            for mq in mqs:
+                key = (broker_name, mq.queue_id)
+                if mq.queue_id not in starts:
+                    continue  # not in the set's topic config yet: a later round starts it
+                self._credits[key] = asyncio.Semaphore(self.prefetch_pages)
+                offset = starts[mq.queue_id]
+                self._committed[key] = offset
+                self._tasks.append(loop.create_task(self._fetch(key, offset)))
+        return errors
+
+    async def _watch_queues(self) -> None:
+        """Queues that joined the topic after `start` are read from their committed offset, else
+        from their first message."""
+        while True:
+            await asyncio.sleep(self.queues_watch_s)
+            try:
+                queues = await self.consumer.queues(self.topic, refresh=True)
+            except LedgerMQError as exc:
+                log.debug("pull iterator topic=%s: queue lookup failed: %s", self.topic, exc)
+                continue
+            known = len(self._credits)
+            await self._discover(queues, "committed" if self.group is not None else "earliest")
+            if len(self._credits) > known:
+                log.info("pull iterator topic=%s: %d queues joined, now reading %d", self.topic,
+                         len(self._credits) - known, len(self._credits))
+
+    async def _start_offsets(self, broker_name: str, start_at: str) -> dict[int, int]:
         bounds = await self.consumer.queue_offsets(self.topic, broker_name)
-        if self.start_at == "latest":
+        if start_at == "latest":
             return {q: hi for q, (_, hi) in bounds.items()}
         out = {q: lo for q, (lo, _) in bounds.items()}
-        if self.start_at == "committed":
+        if start_at == "committed":
             assert self.group is not None
             committed = await self.consumer.committed_offsets(self.group, self.topic, broker_name)
             for q, off in committed.items():

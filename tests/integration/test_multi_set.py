@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from client import Admin, Producer, PullConsumer, PushConsumer, SimpleConsumer
+from client import Admin, Producer, PullConsumer, PushConsumer, SimpleConsumer, prefetch
 from client.errors import LedgerMQError, SendOutcomeUnknownError
 from client.mqadmin import main as mqadmin
 from client.producer import AsyncProducer
@@ -432,3 +432,36 @@ def test_a_push_consumer_receives_from_every_set_while_the_others_are_idle(env):
                 bodies = [f"{name}-{i}" for i in range(10)]
                 assert {p.send(topic, b, broker_name=name).broker_name for b in bodies} == {name}
             _wait(lambda b=bodies: got >= set(b), 10, f"the push consumer received {name}'s messages")
+
+
+def test_a_pull_iterator_starts_while_a_set_is_down_and_reads_it_once_it_is_back(env, monkeypatch):
+    """The iterator used to fail at start when one set of the route did not answer, and read only
+    the sets it found then; now it starts on the others and picks the set up when it is back."""
+    monkeypatch.setattr(prefetch, "QUEUES_WATCH_S", 0.5)  # RocketMQ's 20 s, shortened for the test
+    topic = "late-pull"
+    create_topic(env, topic)
+    with Producer(env.ns) as p:
+        early = {name: [f"{name}-early-{i}" for i in range(5)] for name in SETS}
+        for name, bodies in early.items():
+            assert {p.send(topic, b, broker_name=name).broker_name for b in bodies} == {name}
+    env.kill_set("broker-b")  # still in the route: the name server has not expired it yet
+    got: list[str] = []
+    with PullConsumer(env.ns) as c:
+        it = c.iterate(topic, "g-late-pull", start="earliest", wait_ms=200)
+        try:
+            deadline = time.monotonic() + 15
+            while not set(early["broker-a"]) <= set(got) and time.monotonic() < deadline:
+                got += [m.text for m in it.poll(0.5)]
+            assert set(got) == set(early["broker-a"])
+            env.start_set("broker-b")
+            _wait(lambda: _route_has_both(env.ns, topic), 30, "broker-b back in the route")
+            with Producer(env.ns) as p:
+                late = [f"broker-b-late-{i}" for i in range(5)]
+                assert {p.send(topic, b, broker_name="broker-b").broker_name for b in late} == {"broker-b"}
+            want = set(early["broker-a"] + early["broker-b"] + late)
+            deadline = time.monotonic() + 20
+            while not want <= set(got) and time.monotonic() < deadline:
+                got += [m.text for m in it.poll(0.5)]
+            assert set(got) == want and len(got) == len(want)
+        finally:
+            it.close()
