@@ -356,6 +356,12 @@ class AsyncProducer:
         if not writable:
             writable = [b for b in brokers if b.perm & PERM_WRITE and b.broker_name not in skip]
         if not writable:
+            if brokers and not any(b.perm & PERM_WRITE for b in brokers):
+                raise TopicNotExistError(
+                    f"no writable broker set for topic {topic!r}: every set holding it is read-only (the "
+                    "topic's perm, or the broker's brokerPermission: `mqadmin updateBrokerConfig -k "
+                    "brokerPermission -v 6` gives a drained set its writes back)"
+                )
             raise TopicNotExistError(f"no writable broker set for topic {topic!r}")
         if min_queues:
             # The caller picked queues: only sets that have them (else let the broker say so).

@@ -210,6 +210,9 @@ def test_mqadmin_update_broker_config_on_one_member_and_its_refusals(env, capsys
             time.sleep(0.1)
         (cfg,) = admin(env, "getBrokerConfig", "-b", env["broker"], "-k", "brokerPermission")
         assert cfg == {"key": "brokerPermission", "value": "4"}
+        drained = pytest.raises(TopicNotExistError, match="every set holding it is read-only")
+        with Producer(env["ns"]) as p, drained:
+            p.send("perms", "x")  # the only set is drained: said so, not "no such topic"
     finally:
         admin(env, "updateBrokerConfig", "-B", "broker-s", "-k", "brokerPermission", "-v", "6")
     capsys.readouterr()
