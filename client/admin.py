@@ -291,9 +291,7 @@ class AsyncAdmin:
                 peers.update(doc.get("dLegerPeers") or ())
                 if doc.get("dLegerSelfId"):
                     reached.add(doc["dLegerSelfId"])
-                for key, change in doc["updated"].items():
-                    rows.append({"brokerName": s.broker_name, "addr": addr, "key": key, "old": change["old"],
-                                 "new": change["new"]})
+                rows += config_change_rows(doc)
             unlisted = len(peers) - len(s.addrs)
             if unlisted > 0:
                 missing = ", ".join(sorted(peers - reached))
@@ -559,6 +557,12 @@ class Admin:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def config_change_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One member's `PATCH /admin/config` answer as rows: brokerName, addr, key, old, new."""
+    return [{"brokerName": doc["brokerName"], "addr": doc["brokerAddr"], "key": key, "old": change["old"],
+             "new": change["new"]} for key, change in doc["updated"].items()]
 
 
 async def _make(*args: Any, **kw: Any) -> AsyncAdmin:

@@ -21,7 +21,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from client.admin import Admin
+from client.admin import Admin, config_change_rows
 from client.consumer import PullConsumer
 from client.errors import BadRequestError, LedgerMQError, MessageNotFoundError, TopicNotExistError
 from client.producer import Message, Producer
@@ -440,9 +440,7 @@ def cmd_update_broker_config(a: Admin, args: argparse.Namespace) -> Result:
     if args.brokerAddr:
         if args.brokerName or args.clusterName:
             raise BadRequestError("give one of -b (a member), -B (a set) or -c (a cluster)")
-        doc = a.update_member_config(args.brokerAddr, updates)
-        rows = [{"brokerName": doc["brokerName"], "addr": doc["brokerAddr"], "key": k, "old": c["old"],
-                 "new": c["new"]} for k, c in doc["updated"].items()]
+        rows = config_change_rows(a.update_member_config(args.brokerAddr, updates))
     elif args.brokerName or args.clusterName:
         rows = a.update_broker_config(updates, cluster=args.clusterName, broker_name=args.brokerName)
     else:

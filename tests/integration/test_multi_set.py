@@ -378,11 +378,8 @@ def test_consumers_skip_a_set_whose_broker_permission_forbids_reads(env):
         assert mqadmin(["updateBrokerConfig", "-n", env.ns, *restore], out=io.StringIO()) == 0
 
 
-def test_a_push_consumer_receives_from_a_set_that_joins_the_route_after_it_started(env):
-    """RocketMQ's push consumers pick up queues that join the route (rebalance): a set that was
-    stopped when the consumer started is received from once it is back."""
-    topic = "late-set"
-    create_topic(env, topic)
+def _collecting_listener() -> tuple[set[str], Any]:
+    """A push listener that adds each message's text to the set it returns with it."""
     got: set[str] = set()
     lock = threading.Lock()
 
@@ -390,6 +387,15 @@ def test_a_push_consumer_receives_from_a_set_that_joins_the_route_after_it_start
         with lock:
             got.add(m.text)
 
+    return got, listener
+
+
+def test_a_push_consumer_receives_from_a_set_that_joins_the_route_after_it_started(env):
+    """RocketMQ's push consumers pick up queues that join the route (rebalance): a set that was
+    stopped when the consumer started is received from once it is back."""
+    topic = "late-set"
+    create_topic(env, topic)
+    got, listener = _collecting_listener()
     for sid in env.addrs["broker-b"]:  # a graceful stop: its members leave the route at once
         env.group.kill(f"broker-b-{sid}", signal.SIGTERM)
     _wait(lambda: {b["brokerName"] for b in httpx.get(f"http://{env.ns}/routes/{topic}").json()["brokers"]}
@@ -417,13 +423,7 @@ def test_a_push_consumer_receives_from_every_set_while_the_others_are_idle(env):
     the other set waited for a handler to finish, which never came)."""
     topic = "one-sided"
     create_topic(env, topic)
-    got: set[str] = set()
-    lock = threading.Lock()
-
-    def listener(m) -> None:
-        with lock:
-            got.add(m.text)
-
+    got, listener = _collecting_listener()
     with PushConsumer("g-one-sided", topic, listener, env.ns, wait_ms=500) as consumer:
         assert consumer._c._sets == set(SETS)
         time.sleep(1.0)  # every loop has long-polled an empty queue at least once
