@@ -10,7 +10,8 @@ Positions and commits (with a group): when a message is handed to the applicatio
 position becomes that message's offset — everything before it is done; the periodic commit
 (`commit_interval_ms`) sends those positions, so after a crash at most the message in hand per
 queue is delivered again (at least once). `close()` commits past the last message handed out.
-A queue whose offset fell out of retention continues at its first stored message.
+A queue whose offset fell out of retention continues at its first stored message; an offset past
+the end of the member that answered (one behind, after a restart) is asked again, never moved back.
 
 The queues are looked up again every `QUEUES_WATCH_S` (RocketMQ's rebalance interval): a broker
 set that joins the topic later (a new set, or one that could not be reached at start) and a
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 1.0  # a queue whose set does not answer is asked again after this long
 QUEUES_WATCH_S = 20.0  # how often the topic's queues are looked up again
+BEHIND_GIVE_UP_S = 30.0  # an offset past the queue's end this long: the queue is shorter, go on at its end
 _STARTS = ("committed", "earliest", "latest")
 
 
@@ -166,6 +168,8 @@ class PullIterator:
     async def _fetch(self, key: tuple[str, int], offset: int) -> None:
         broker_name, queue_id = key
         credits = self._credits[key]
+        loop = asyncio.get_running_loop()
+        behind_since = 0.0  # when a member first answered that this offset is past its queue's end
         while True:
             await credits.acquire()
             try:
@@ -175,11 +179,24 @@ class PullIterator:
             except OffsetOutOfRangeError as exc:
                 credits.release()
                 lo, hi = exc.min_offset or 0, exc.max_offset or 0
-                log.warning(
-                    "pull offset out of range topic=%s broker=%s queue=%d offset=%d min=%d max=%d",
-                    self.topic, broker_name, queue_id, offset, lo, hi,
+                if offset < lo:  # retention deleted what was not read yet: go on at the first stored
+                    log.warning(
+                        "pull offset out of range topic=%s broker=%s queue=%d offset=%d min=%d max=%d",
+                        self.topic, broker_name, queue_id, offset, lo, hi,
+                    )  # fmt: skip
+                    offset = lo
+                    continue
+                # The member that answered is behind this position (a slave that restarted, say):
+                # never go back to its end, which would hand out messages again; ask again later.
+                behind_since = behind_since or loop.time()
+                if loop.time() - behind_since < BEHIND_GIVE_UP_S:
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                log.warning(  # still past the end after that long: the queue itself is shorter now
+                    "pull offset past the queue's end topic=%s broker=%s queue=%d offset=%d max=%d: "
+                    "going on at its end", self.topic, broker_name, queue_id, offset, hi,
                 )  # fmt: skip
-                offset = lo if offset < lo else hi
+                offset, behind_since = hi, 0.0
                 continue
             except LedgerMQError as exc:
                 credits.release()
@@ -187,6 +204,7 @@ class PullIterator:
                 log.warning("pull failed %s: %s", what, exc)
                 await asyncio.sleep(RETRY_S)
                 continue
+            behind_since = 0.0
             self._max[key] = page.max_offset
             if page.messages:
                 self._pages.put_nowait((key, page))
