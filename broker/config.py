@@ -397,6 +397,20 @@ class BrokerConfig:
     def cq_unit_misaligned(self) -> bool:
         return self.mapped_file_size_consume_queue % 20 != 0
 
+    def _dledger_retention(self) -> dict[str, Any]:
+        return {
+            "delete_when": self.delete_when,
+            "file_reserved_hours": self.file_reserved_time + 1,  # RocketMQ passes fileReservedTime + 1
+            "disk_space_ratio_to_check_expired": self.disk_max_used_space_ratio / 100,
+            "disk_space_ratio_to_force_clean": self.disk_space_clean_forcibly_ratio / 100,
+        }
+
+    def retention_into(self, dledger_config: DLedgerConfig) -> None:
+        """Set a running DLedger store's retention settings from this config (its clean-up and
+        disk-full check read them every round)."""
+        for attr, value in self._dledger_retention().items():
+            setattr(dledger_config, attr, value)
+
     def to_dledger_config(self) -> DLedgerConfig:
         """The embedded DLedger server's config, as RocketMQ's DLedgerCommitLog builds it."""
         return DLedgerConfig(
@@ -405,10 +419,7 @@ class BrokerConfig:
             peers=self.dledger_peers,
             store_base_dir=self.store_path_root_dir,
             mapped_file_size_for_entry_data=self.mapped_file_size_commit_log,
-            delete_when=self.delete_when,
-            file_reserved_hours=self.file_reserved_time + 1,  # RocketMQ passes fileReservedTime + 1
-            disk_space_ratio_to_check_expired=self.disk_max_used_space_ratio / 100,
-            disk_space_ratio_to_force_clean=self.disk_space_clean_forcibly_ratio / 100,
+            **self._dledger_retention(),
             preferred_leader_ids=self.preferred_leader_ids or None,
             enable_batch_push=self.enable_batch_push,
             max_pending_requests_num=self.max_pending_requests_num,
@@ -490,9 +501,12 @@ def config_from_mapping(values: Mapping[str, str], source: str = "<mapping>",
     return cfg
 
 
-# Keys that may change while the broker runs (`PATCH /admin/config`, `mqadmin updateBrokerConfig`);
-# every other key is read at start only.
-RUNTIME_KEYS = ("brokerPermission",)
+# Keys that may change while the broker runs (`PATCH /admin/config`, `mqadmin updateBrokerConfig`):
+# each is read where it is used, when it is used (the retention keys reach a DLedger store through
+# `BrokerConfig.retention_into`). Every other key is read at start only.
+RETENTION_KEYS = ("fileReservedTime", "deleteWhen", "diskMaxUsedSpaceRatio", "diskSpaceCleanForciblyRatio")
+RUNTIME_KEYS = ("brokerPermission", *RETENTION_KEYS, "maxReconsumeTimes", "longPollingEnable",
+                "brokerSuspendMaxTimeMillis")
 # Where a broker keeps what `updateBrokerConfig` changed, under storePathRootDir: read at start
 # after its .properties file, so a change outlives a restart without rewriting the operator's file.
 UPDATES_FILE = os.path.join("config", "updateBrokerConfig.properties")

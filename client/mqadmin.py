@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = cmd(
         "updateBrokerConfig",
         "Change a setting while brokers run (-b one member, -B every member of a set, -c of a cluster's "
-        "sets), e.g. -k brokerPermission -v 4 to drain a set of new writes",
+        "sets), e.g. -k brokerPermission -v 4 to drain a set of new writes, -k fileReservedTime -v 24 to "
+        "keep a day of messages from the next clean-up on",
     )
     c.add_argument("-k", "--key", required=True)
     c.add_argument("-v", "--value", required=True)

@@ -254,8 +254,11 @@ def _ops_routes(services: BrokerServices) -> APIRouter:
         responses=PROBLEM_RESPONSES,
         summary="Change settings while the broker runs (RocketMQ's updateBrokerConfig; admin only)",
         description="A JSON object of key: value (`.properties` spelling), e.g. "
-        '`{"brokerPermission": 4}` to drain the broker of new writes. Saved under the store root '
-        "and read again at start. Keys read at start only are refused, naming the key.",
+        '`{"brokerPermission": 4}` to drain the broker of new writes, `{"fileReservedTime": 24}` to keep '
+        "one day of messages from the next clean-up on. Changeable: brokerPermission, fileReservedTime, "
+        "deleteWhen, diskMaxUsedSpaceRatio, diskSpaceCleanForciblyRatio, maxReconsumeTimes, "
+        "longPollingEnable, brokerSuspendMaxTimeMillis. Saved under the store root and read again at "
+        "start. Keys read at start only are refused, naming the key.",
     )
     async def update_config(body: dict[str, Any], request: Request) -> dict[str, Any]:
         return await services.config.update(account_of(request), body)

@@ -3,9 +3,11 @@ while it runs (RocketMQ's getBrokerConfig / updateBrokerConfig).
 
 An update is checked whole before anything changes (a key read at start only, an unknown key or a
 bad value is refused, naming the key), saved under the store root (`broker.config.UPDATES_FILE`,
-read again at start), applied, and then the broker registers with the name servers at once: a
-`brokerPermission` of 4 takes the broker's topics out of the producers' routes within one route
-refresh, which is how an operator drains a broker set before maintenance.
+read again at start), then applied. After a `brokerPermission` change the broker registers with
+the name servers at once: a `brokerPermission` of 4 takes the broker's topics out of the producers'
+routes within one route refresh, which is how an operator drains a broker set before maintenance.
+The retention keys (`RETENTION_KEYS`) reach the clean-up and the disk-full check at their next
+round, in both store modes — how an operator frees disk now (`fileReservedTime`) without a restart.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from broker.config import (
+    RETENTION_KEYS,
     ConfigError,
     apply_runtime_updates,
     parse_runtime_updates,
@@ -76,11 +79,14 @@ class BrokerConfigService:
                                   f"{cfg.store_path_root_dir}: {exc.strerror or exc}; nothing changed"
                                   ) from None
             changed = apply_runtime_updates(cfg, parsed)
+            if self.state.dledger is not None and not changed.keys().isdisjoint(RETENTION_KEYS):
+                cfg.retention_into(self.state.dledger.config)
         for key, (was, now) in changed.items():
             log.info("event=config_updated broker=%s key=%s old=%s new=%s account=%s file=%s",
                      cfg.broker_name, key, was, now, account.name, path)
-        # brokerPermission changes the perm every topic registers with: register now.
-        self.state.topics_changed()
+        if "brokerPermission" in changed:
+            # It changes the perm every topic registers with: register now.
+            self.state.topics_changed()
         out: dict[str, Any] = {
             "brokerName": cfg.broker_name, "brokerAddr": cfg.broker_addr, "savedTo": path,
             "updated": {key: {"old": was, "new": now} for key, (was, now) in changed.items()},

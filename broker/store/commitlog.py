@@ -54,7 +54,6 @@ class LocalCommitLog:
         self.topic_queue_table: TopicQueueTable = {}
         self._dispatcher: Dispatcher | None = None
         self._keep_from: KeepFrom | None = None
-        self.disk_full_ratio = config.disk_full_ratio
         self.disk_used_ratio = 0.0  # of the disk holding the store, measured by the flush loop
         self._disk_refusal: BrokerError | None = None  # DISK_FULL while the disk is over the ratio
         self._flush_task: asyncio.Task[None] | None = None
@@ -138,6 +137,11 @@ class LocalCommitLog:
         log.info("event=commitlog_recovered dir=%s max_offset=%d", self.store_path, end)
 
     # ---- retention ----------------------------------------------------------------------------
+
+    @property
+    def disk_full_ratio(self) -> float:
+        # From the config at each check: `updateBrokerConfig` may change it while the broker runs.
+        return self.config.disk_full_ratio
 
     def delete_expired(self, now: float | None = None) -> int:
         """RocketMQ's clean-up: at a `deleteWhen` hour, or when the disk is fuller than

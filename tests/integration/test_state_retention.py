@@ -258,3 +258,57 @@ def test_full_disk_refuses_writes_with_507_in_both_modes(tmp_path, mode):
         assert api(addr, "GET", "/topics").status_code == 200
     finally:
         group.stop_all()
+
+
+@pytest.mark.parametrize("mode", ["local", "dledger"])
+def test_retention_changed_while_the_broker_runs(tmp_path, mode):
+    """`updateBrokerConfig` (PATCH /admin/config) of the retention keys reaches the clean-up at its
+    next round, in both store modes: data files two hours old stay under the default 72 hours and
+    go once fileReservedTime is 1; a force-clean ratio set under what the disk uses refuses writes
+    (507) at once, a higher one takes them again; the change outlives a restart."""
+    keys = {**RETENTION, "fileReservedTime": "72"}
+    group = ProcessGroup(tmp_path)
+    try:
+        if mode == "local":
+            addr = start_broker(group, tmp_path, CONF / "broker-single.conf", "b", None, **keys)
+            data_dir = tmp_path / "store-b" / "commitlog"
+        else:
+            pytest.importorskip("dledger.rpc.tcp")
+            addr = start_broker(group, tmp_path, CONF / "dledger" / "broker-n0.conf", "b", None,
+                                dLegerPeers=f"n0-127.0.0.1:{free_port()}", **keys)
+            data_dir = tmp_path / "store-b" / "dledger-n0" / "data"
+            wait_until(lambda: api(addr, "GET", "/status").json().get("role") == "MASTER",
+                       "the member to lead")
+        produce_files(addr, 4)
+        files = sorted(data_dir.iterdir())
+        assert len(files) >= 4, files
+        old = time.time() - 2 * 3600
+        for path in files[:-1]:
+            os.utime(path, (old, old))
+        time.sleep(2)  # a few clean-up rounds under the 72 hours the broker started with
+        assert files[0].exists(), "a file two hours old was deleted under fileReservedTime=72"
+
+        r = api(addr, "PATCH", "/admin/config", json={"fileReservedTime": 1})
+        assert r.status_code == 200, r.text
+        assert r.json()["updated"] == {"fileReservedTime": {"old": "72", "new": "1"}}, r.text
+        age_and_wait_deleted(data_dir)
+
+        usage = shutil.disk_usage(tmp_path)
+        forcibly = int(usage.used / usage.total * 100) - 7
+        if forcibly >= 1:  # a disk almost empty has no ratio to set below its use
+            r = api(addr, "PATCH", "/admin/config", json={"diskSpaceCleanForciblyRatio": str(forcibly)})
+            assert r.status_code == 200, r.text
+            wait_until(lambda: api(addr, "POST", "/topics/Full/messages",
+                                   json={"messages": [{"body": "x"}]}).status_code == 507,
+                       "writes refused past the new disk-full ratio", timeout_s=10)
+            r = api(addr, "PATCH", "/admin/config", json={"diskSpaceCleanForciblyRatio": 90})
+            assert r.status_code == 200, r.text
+            wait_until(lambda: api(addr, "POST", "/topics/Full/messages",
+                                   json={"messages": [{"body": "x"}]}).status_code == 200,
+                       "writes taken again under the restored ratio", timeout_s=10)
+
+        restart(group, "b", tmp_path / "b.conf", addr)
+        props = api(addr, "GET", "/admin/config").json()["properties"]
+        assert props["fileReservedTime"] == "1", props
+    finally:
+        group.stop_all()

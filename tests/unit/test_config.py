@@ -181,6 +181,14 @@ def test_broker_permission_takes_reads_or_writes_out_of_what_the_topics_register
     ("haListenPort", "1", "not implemented"),
     ("brokerPermission", "5", "bad value"),
     ("brokerPermission", "", "bad value"),
+    ("fileReservedTime", "0", "bad value"),
+    ("deleteWhen", "25", "bad value"),
+    ("diskMaxUsedSpaceRatio", "99", "bad value"),
+    ("diskSpaceCleanForciblyRatio", "95", "bad value"),
+    ("maxReconsumeTimes", "-1", "bad value"),
+    ("longPollingEnable", "maybe", "bad value"),
+    ("brokerSuspendMaxTimeMillis", "0", "bad value"),
+    ("mappedFileSizeCommitLog", "1024", "read at start only"),
 ])
 def test_a_runtime_update_names_the_key_it_refuses(key, value, reason):
     with pytest.raises(ConfigError) as ei:
@@ -207,6 +215,25 @@ def test_runtime_updates_are_saved_and_read_again_at_start_over_the_config_file(
     save_runtime_updates(cfg, parse_runtime_updates({"brokerPermission": "6"}, "update"))
     assert [(k, v) for _, k, v in parse_properties(open(path).read())] == [("brokerPermission", "6")]
     assert not (tmp_path / "store" / "config" / "updateBrokerConfig.properties.tmp").exists()
+
+
+def test_retention_updates_reach_a_running_dledger_store_config():
+    """The DLedger store's clean-up reads its own DLedgerConfig: an update of the broker's
+    retention keys is carried into it the way RocketMQ builds it (fileReservedTime + 1 hours,
+    ratios as fractions; the disk-full ratio follows the force-clean one)."""
+    cfg = config_from_mapping({"enableDLegerCommitLog": "true", "dLegerSelfId": "n0",
+                               "dLegerPeers": "n0-127.0.0.1:40911"})
+    live = cfg.to_dledger_config()
+    assert (live.file_reserved_hours, live.delete_when) == (73, "04")
+    parsed = parse_runtime_updates({"fileReservedTime": "24", "deleteWhen": "02;14",
+                                    "diskMaxUsedSpaceRatio": "60", "diskSpaceCleanForciblyRatio": "70"},
+                                   "update")
+    assert apply_runtime_updates(cfg, parsed)["fileReservedTime"] == ("72", "24")
+    cfg.retention_into(live)
+    assert (live.file_reserved_hours, live.delete_when) == (25, "02;14")
+    assert (live.disk_space_ratio_to_check_expired, live.disk_space_ratio_to_force_clean) == (0.6, 0.7)
+    assert live.disk_full_ratio == pytest.approx(0.75) == cfg.disk_full_ratio
+    assert live == cfg.to_dledger_config()  # as a broker started with these values builds it
 
 
 def test_a_damaged_saved_update_stops_the_start_naming_file_line_and_key(tmp_path):
