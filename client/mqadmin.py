@@ -145,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-v", "--value", required=True)
     c.add_argument("-B", "--brokerName", help="every member of this broker set")
     c.add_argument("-c", "--clusterName", help="every member of every set of this cluster")
+    for name, what in (
+        ("wipeWritePerm", "Drain a broker set of new writes (brokerPermission 4 on every member: producers "
+                          "leave it within a route refresh, consumers drain it)"),
+        ("addWritePerm", "Give a drained broker set its writes back (brokerPermission 6 on every member)"),
+    ):
+        c = cmd(name, what)
+        c.add_argument("-B", "--brokerName", required=True, help="the broker set (RocketMQ's -b brokerName)")
     c = cmd("consumerProgress", "A group's (or, without -g, every group's) committed offset, max offset, lag")
     c.add_argument("-g", "--consumerGroup")
     c.add_argument("-t", "--topic")
@@ -447,6 +454,20 @@ def cmd_update_broker_config(a: Admin, args: argparse.Namespace) -> Result:
     else:
         raise BadRequestError("say which brokers to change: -b ADDR (one member), -B NAME (every member of "
                             "a set) or -c CLUSTER (every member of its sets)")
+    return _all_updated(rows)
+
+
+def cmd_wipe_write_perm(a: Admin, args: argparse.Namespace) -> Result:
+    """RocketMQ's wipeWritePerm / addWritePerm, as the broker set's `brokerPermission` (kept by
+    every member, so a restart or a failover does not give the writes back)."""
+    if args.brokerAddr:
+        raise BadRequestError(f"{args.command} names a broker set with -B, not a member with -b")
+    perm = 4 if args.command == "wipeWritePerm" else 6
+    return _all_updated(a.update_broker_config({"brokerPermission": perm}, broker_name=args.brokerName))
+
+
+def _all_updated(rows: list[dict[str, Any]]) -> Result:
+    """A config change's rows, or the error naming every member it did not reach."""
     failed = [r for r in rows if "error" in r]
     if failed:
         detail = "; ".join(f"{r['brokerName']} {r['addr']}: {r['detail']}" for r in failed)
@@ -552,6 +573,8 @@ ADMIN_COMMANDS = {
     "brokerStatus": cmd_broker_status,
     "getBrokerConfig": cmd_get_broker_config,
     "updateBrokerConfig": cmd_update_broker_config,
+    "wipeWritePerm": cmd_wipe_write_perm,
+    "addWritePerm": cmd_wipe_write_perm,
     "consumerProgress": cmd_consumer_progress,
     "queryMsgById": cmd_query_msg_by_id,
     "queryMsgByKey": cmd_query_msg_by_key,

@@ -231,3 +231,34 @@ def test_mqadmin_update_broker_config_on_one_member_and_its_refusals(env, capsys
         assert err.count("\n") == 1, err  # one line, said once for every member
     (cfg,) = admin(env, "getBrokerConfig", "-b", env["broker"], "-k", "brokerPermission")
     assert cfg["value"] == "6"
+
+
+def test_mqadmin_wipe_and_add_write_perm_of_a_broker_set(env, capsys):
+    """RocketMQ operators' drain, by its own name: the set's members keep brokerPermission 4, the
+    route shows the set read-only, addWritePerm gives the writes back."""
+    admin(env, "updateTopic", "-t", "wipe", "-r", "1", "-w", "1")
+
+    def route_perm() -> int:
+        return httpx.get(f"http://{env['ns']}/routes/wipe").json()["brokers"][0]["perm"]
+
+    try:
+        rows = admin(env, "wipeWritePerm", "-B", "broker-s")
+        assert [(r["key"], r["old"], r["new"]) for r in rows] == [("brokerPermission", "6", "4")], rows
+        deadline = time.monotonic() + 10
+        while route_perm() != 4:
+            assert time.monotonic() < deadline, "the route never showed the set read-only"
+            time.sleep(0.1)
+    finally:
+        rows = admin(env, "addWritePerm", "-B", "broker-s")
+    assert [(r["old"], r["new"]) for r in rows] == [("4", "6")], rows
+    deadline = time.monotonic() + 10
+    while route_perm() != 6:
+        assert time.monotonic() < deadline, "the route never showed the set writable again"
+        time.sleep(0.1)
+    with Producer(env["ns"]) as p:
+        assert p.send("wipe", "x").broker_name == "broker-s"
+    capsys.readouterr()
+    assert mqadmin(["wipeWritePerm", "-n", env["ns"], "-B", "nope"]) == 1
+    assert "no live broker set" in capsys.readouterr().err
+    assert mqadmin(["wipeWritePerm", "-b", env["broker"], "-B", "broker-s"]) == 1
+    assert "names a broker set with -B" in capsys.readouterr().err
