@@ -13,7 +13,7 @@ from client.consumer import (
 )
 from client.errors import LedgerMQError
 from client.producer import AsyncProducer, Message, Producer, SendResult
-from client.push import AsyncPushConsumer, PushConsumer
+from client.push import AsyncPushConsumer, ConsumeResult, PushConsumer
 
 __all__ = [
     "Admin",
@@ -22,6 +22,7 @@ __all__ = [
     "AsyncPullConsumer",
     "AsyncPushConsumer",
     "AsyncSimpleConsumer",
+    "ConsumeResult",
     "LedgerMQError",
     "Message",
     "MessageQueue",

@@ -12,9 +12,11 @@ RocketMQ's push consumer does, over the group-consumption API (receive / ack / n
   has a pull per queue in flight where this has one receive per broker set.
 - `consume_thread_count` workers call the listener: threads for a plain function, tasks for a
   coroutine function. A listener that returns acks the message (acks coalesced per set); one
-  that raises gives it back after a backoff (`retry_backoff_ms`, doubling per attempt up to
+  that raises, or returns `ConsumeResult.FAILURE` (RocketMQ 5's listener result) or `False`,
+  gives it back after a backoff (`retry_backoff_ms`, doubling per attempt up to
   `retry_backoff_max_ms`) through its invisibility time, so it comes back with attempt + 1 (the
-  broker dead-letters it after `maxReconsumeTimes`).
+  broker dead-letters it after `maxReconsumeTimes`). Any other return value (None,
+  `ConsumeResult.SUCCESS`, True, ...) acks.
 - A handler that runs long keeps its message hidden: the invisibility is renewed at 2/3 of
   `invisible_ms` (LedgerMQ has no server-side renewal), swapping in the new receipt handle.
 - `shutdown(timeout_s)` stops receiving, lets running handlers finish (up to `timeout_s`), gives
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import enum
 import inspect
 import logging
 import queue
@@ -46,6 +49,26 @@ from client.transport import seg
 log = logging.getLogger(__name__)
 
 Listener = Callable[[ReceivedMessage], Any]
+
+
+class ConsumeResult(enum.Enum):
+    """What a push listener may return, as RocketMQ 5's `MessageListener.consume` does:
+    FAILURE (or False, or raising) gives the message back for another attempt; SUCCESS (or None,
+    or any other value) acks it."""
+
+    SUCCESS = "SUCCESS"
+    FAILURE = "FAILURE"
+
+
+class ListenerFailure(Exception):
+    """The listener returned `ConsumeResult.FAILURE` or False: not consumed."""
+
+
+def _failure(result: Any) -> ListenerFailure | None:
+    # Identity checks: a listener's other return values (0, "", [] ...) still ack.
+    if result is ConsumeResult.FAILURE or result is False:
+        return ListenerFailure(f"the listener returned {result!r}")
+    return None
 
 
 class AsyncPushConsumer:
@@ -244,11 +267,11 @@ class AsyncPushConsumer:
             msg = self._waiting.popleft()
             self._in_handler[id(msg)] = (msg, time.monotonic())
             try:
-                await self.listener(msg)
+                result = await self.listener(msg)
             except Exception as exc:  # the listener's failure: consume again later
                 self._outcome(msg, exc)
             else:
-                self._outcome(msg, None)
+                self._outcome(msg, _failure(result))
 
     def _thread_worker(self) -> None:
         """A plain-function listener's worker thread: takes messages until it gets None."""
@@ -257,8 +280,7 @@ class AsyncPushConsumer:
         while (msg := self._thread_q.get()) is not None:
             self._in_handler[id(msg)] = (msg, time.monotonic())
             try:
-                self.listener(msg)
-                outcome: BaseException | None = None
+                outcome: BaseException | None = _failure(self.listener(msg))
             except Exception as exc:  # the listener's failure: consume again later
                 outcome = exc
             self._outcomes.append((msg, outcome))

@@ -14,7 +14,15 @@ from collections import Counter
 import httpx
 import pytest
 
-from client import AsyncPullConsumer, AsyncPushConsumer, Producer, PullConsumer, PushConsumer, SimpleConsumer
+from client import (
+    AsyncPullConsumer,
+    AsyncPushConsumer,
+    ConsumeResult,
+    Producer,
+    PullConsumer,
+    PushConsumer,
+    SimpleConsumer,
+)
 from tests.integration._ledgermq_procs import namesrv_and_broker, wait_http
 
 
@@ -255,3 +263,28 @@ async def test_async_push_consumer_runs_a_coroutine_listener(env):
     assert sorted({t for t, _ in seen}) == sorted(bodies)
     assert [a for t, a in seen if t == "apush-3"] == [1, 2]
     assert c.stats["consumed"] == 100 and c.stats["failed"] == 1
+
+
+def test_push_listener_returning_failure_gets_the_message_again(env):
+    """RocketMQ 5's listener result (and False) means "not consumed", like raising: a ported
+    listener that returns ConsumeResult.FAILURE must not have its message acked. Other return
+    values (SUCCESS, None, 0) ack."""
+    ns, _ = env
+    bodies = fill(env, "res", 30, queues=2)
+    seen: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    answers = {"res-1": ConsumeResult.FAILURE, "res-2": False, "res-3": 0, "res-4": ConsumeResult.SUCCESS}
+
+    def listener(m):
+        with lock:
+            seen.append((m.text, m.attempt))
+        return answers.get(m.text) if m.attempt == 1 else None
+
+    with PushConsumer("g-res", "res", listener, ns, wait_ms=300, retry_backoff_ms=200) as c:
+        deadline = time.monotonic() + 20
+        while len(seen) < 32 or c.lag():
+            assert time.monotonic() < deadline, f"{len(seen)} handled, lag {c.lag()}"
+            time.sleep(0.05)
+    assert sorted({t for t, _ in seen}) == sorted(bodies)
+    assert sorted(seen) == sorted([(b, 1) for b in bodies] + [("res-1", 2), ("res-2", 2)])
+    assert c.stats["consumed"] == 30 and c.stats["failed"] == 2
