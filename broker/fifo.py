@@ -1,8 +1,9 @@
 """FIFO messages: a message group's queue, and the rule that hands out a group's next message only
 once the one before it is settled.
 
-**Queue choice.** A message with a `messageGroup` (property `__SHARDINGKEY`, as RocketMQ stores it)
-lands in queue `consistentHash(group.hashCode(), writeQueueNums)` — Guava's jump consistent hash
+**Queue choice** (`wire.groups.queue_of_group`, shared with the SDK). A message with a `messageGroup`
+(property `__SHARDINGKEY`, as RocketMQ stores it) lands in queue `consistentHash(group.hashCode(),
+writeQueueNums)` — Guava's jump consistent hash
 over Java's `String.hashCode()`, exactly as RocketMQ's proxy chooses (`SendMessageActivity`), so a
 group maps to the same queue here as on RocketMQ, and raising the queue count moves few groups. The
 server chooses for every message, batches included (RocketMQ's proxy round-robins FIFO batches,
@@ -22,34 +23,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from broker.message import tags_hash_code as java_string_hash
-
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
 MAX_MESSAGE_GROUP_BYTES = 64
-_MASK64 = (1 << 64) - 1
-_LCG_MULTIPLIER = 2862933555777941757
-
-
-def consistent_hash(value: int, buckets: int) -> int:
-    """Guava's `Hashing.consistentHash(long, int)` (jump consistent hash, Lamping & Veach): the
-    bucket in [0, buckets) of `value` (a Java long, two's complement)."""
-    if buckets <= 0:
-        raise ValueError(f"buckets must be positive: {buckets}")
-    state = value & _MASK64
-    candidate = 0
-    while True:
-        state = (_LCG_MULTIPLIER * state + 1) & _MASK64
-        next_double = ((state >> 33) + 1) / 2.0**31
-        nxt = int((candidate + 1) / next_double)
-        if 0 <= nxt < buckets:
-            candidate = nxt
-        else:
-            return candidate
-
-
-def queue_of_group(message_group: str, write_queue_nums: int) -> int:
-    """The queue a message group's messages land in (RocketMQ's proxy formula)."""
-    return consistent_hash(java_string_hash(message_group), write_queue_nums)
 
 
 def message_group_problem(message_group: object) -> str | None:

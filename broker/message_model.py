@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.errors import BrokerCode, BrokerError
-from broker.fifo import PROPERTY_SHARDING_KEY, message_group_problem, queue_of_group
+from broker.fifo import PROPERTY_SHARDING_KEY, message_group_problem
 from broker.message import PROPERTY_UNIQ_KEY, Message
 from broker.message_type import (
     PROPERTY_DELAY_TIME_LEVEL,
@@ -48,6 +48,7 @@ from broker.transaction.service import (
     PROPERTY_TRANSACTION_ID,
     TransactionService,
 )
+from wire.groups import queue_of_group
 
 if TYPE_CHECKING:
     from broker.store.message_store import DefaultMessageStore

@@ -24,10 +24,15 @@ class LedgerMQError(Exception):
     retryable = False
 
     def __init__(self, detail: str, *, status: int | None = None, problem: dict[str, Any] | None = None):
+        self.problem = problem or {}
+        code = self.problem.get("code")
+        if isinstance(code, str) and code:
+            # The server's own code (e.g. RECALL_FAILED, a 409 this SDK has no class for), not
+            # only its class's: callers branch on `code`.
+            self.code = code
         super().__init__(f"{self.code}: {detail}")
         self.detail = detail
         self.status = status
-        self.problem = problem or {}
 
 
 class BadRequestError(LedgerMQError):

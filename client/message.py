@@ -14,7 +14,13 @@ from typing import Any
 class Message:
     """A message to send. `body` bytes are sent base64 unless valid UTF-8 text. Set
     `idempotency_key` only to make separate sends of it count as one (the producer gives every
-    send its own key otherwise)."""
+    send its own key otherwise).
+
+    RocketMQ's message types: `message_group` makes it a FIFO message (a group's messages are
+    stored in one queue in the order they were sent and consumed in that order; at most 64
+    bytes); `deliver_at_ms` (epoch ms) or `delay_ms` makes it a delayed one (its result carries
+    `deliver_at_ms` and a `recall_handle` for `recall`). The topic's `message.type` must allow
+    the type (`mqadmin updateTopic -a +message.type=FIFO`), else the broker refuses the send."""
 
     body: bytes | str
     tags: str | None = None
@@ -22,6 +28,9 @@ class Message:
     properties: dict[str, str] = field(default_factory=dict)
     queue_id: int | None = None
     idempotency_key: str | None = None
+    message_group: str | None = None
+    deliver_at_ms: int | None = None
+    delay_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The produce API's message object (`idempotencyKey` only when set here)."""
@@ -43,18 +52,35 @@ class Message:
             doc["queueId"] = self.queue_id
         if self.idempotency_key is not None:
             doc["idempotencyKey"] = self.idempotency_key
+        if self.message_group is not None:
+            doc["messageGroup"] = self.message_group
+        if self.deliver_at_ms is not None:
+            doc["deliverAt"] = self.deliver_at_ms
+        if self.delay_ms is not None:
+            doc["delayMs"] = self.delay_ms
         return doc
 
 
 @dataclass
 class SendResult:
-    """Where a message was stored."""
+    """Where a message was stored. A delayed message is stored in the timer queue until it is due:
+    its `queue_offset` is -1 and it carries `deliver_at_ms` and `recall_handle`. `message_id` is
+    the id it keeps from send to delivery (what consumers see as `ReceivedMessage.message_id`)."""
 
     msg_id: str
     queue_id: int
     queue_offset: int
     commit_log_offset: int
     broker_name: str
+    message_id: str | None = None
+    deliver_at_ms: int | None = None
+    recall_handle: str | None = None
+
+    @classmethod
+    def from_json(cls, res: dict[str, Any], broker_name: str) -> SendResult:
+        """One entry of a produce answer's `results`."""
+        return cls(res["msgId"], res["queueId"], res["queueOffset"], res["commitLogOffset"], broker_name,
+                   res.get("messageId"), res.get("deliverAt"), res.get("recallHandle"))
 
 
 def as_message(m: Message | bytes | str) -> Message:

@@ -68,10 +68,7 @@ async def send_one_request(p: ProducerParts, send: OneRequest) -> list[SendResul
             p.stats["requests"] += 1
             doc = await p.transport.request("POST", url + path, json=payload)
             p.fault.update(broker_name, (time.monotonic() - started) * 1000, failed=False)
-            return [
-                SendResult(r["msgId"], r["queueId"], r["queueOffset"], r["commitLogOffset"], broker_name)
-                for r in doc["results"]
-            ]
+            return [SendResult.from_json(r, broker_name) for r in doc["results"]]
         except LedgerMQError as exc:
             delivery = delivery_of(exc)
             if maybe_reached is None and delivery is Delivery.MAYBE:

@@ -43,6 +43,8 @@ import uvloop
 
 from client.accumulator import BufferPool, Record, RecordAccumulator
 from client.errors import (
+    LedgerMQError,
+    NotMasterError,
     ProducerClosedError,
     TopicNotExistError,
 )
@@ -58,8 +60,10 @@ from client.transport import (
     RouteCache,
     TopicRoute,
     new_client_id,
+    seg,
     split_addrs,
 )
+from wire.groups import consistent_hash, java_string_hash, queue_of_group
 
 __all__ = ["AsyncProducer", "Message", "Producer", "SendResult"]
 
@@ -272,8 +276,20 @@ class AsyncProducer:
     ) -> None:
         """`_enqueue` with the topic's route in hand."""
         pinned_queue = msg.queue_id if msg is not None else None
+        group = msg.message_group if msg is not None else None
         sticky = None
-        if broker_name is not None:
+        if group is not None:
+            # A FIFO group: always its set and the queue the broker will store it in, and never
+            # moved — one queue sends one batch at a time, so the group's order survives retries.
+            target = self._set_for_group(route.brokers, group, topic, broker_name)
+            nums = target.write_queue_nums
+            queue = pinned_queue = queue_of_group(group, nums) if nums else None
+            if queue is None:
+                doc.pop("queueId", None)
+            else:
+                doc["queueId"] = queue
+            broker_name = target.broker_name
+        elif broker_name is not None:
             brokers = [b for b in route.brokers if b.broker_name == broker_name]
             if not brokers:
                 raise TopicNotExistError(f"broker set {broker_name!r} does not hold topic {topic!r}")
@@ -320,6 +336,49 @@ class AsyncProducer:
             )
             self._sender.start()
         self._sender.added(1)
+
+    def _set_for_group(
+        self, brokers: list[BrokerSetRoute], group: str, topic: str, broker_name: str | None = None
+    ) -> BrokerSetRoute:
+        """The broker set of a FIFO message group: the same for every message of the group (a
+        hash over the topic's writable sets by name, or `broker_name`'s), whatever the sets'
+        health — moving a group to another set would reorder it."""
+        if not isinstance(group, str) or not group:
+            raise ValueError(f"message_group must be a non-empty string, got {group!r}")
+        writable = sorted(
+            (b for b in brokers if b.perm & PERM_WRITE and broker_name in (None, b.broker_name)),
+            key=lambda b: b.broker_name,
+        )
+        if not writable:
+            where = f"broker set {broker_name!r}" if broker_name else "no writable broker set"
+            raise TopicNotExistError(f"{where} of topic {topic!r} takes message group {group!r}")
+        return writable[consistent_hash(java_string_hash(group), len(writable))]
+
+    async def recall(self, topic: str, recall_handle: str, broker_name: str | None = None) -> str:
+        """Cancel a delayed message before it is due (RocketMQ 5's `recallMessage`): its send's
+        `recall_handle`, on the set that stored it (`SendResult.broker_name`; without it, each set
+        of the topic is asked). Returns its message id. Errors: a `LedgerMQError` with code
+        `RECALL_FAILED` (409: delivered, recalled or due), `NotFoundError` (no such timer)."""
+        route = await self.routes.get(topic)
+        sets = [b for b in route.brokers if broker_name in (None, b.broker_name)]
+        if not sets:
+            raise TopicNotExistError(f"broker set {broker_name!r} does not hold topic {topic!r}")
+        last: LedgerMQError | None = None
+        for b in sets:
+            if b.master_url is None:
+                last = NotMasterError(f"broker set {b.broker_name} has no master in the route")
+                continue
+            try:
+                doc = await self.transport.request("POST", f"{b.master_url}/topics/{seg(topic)}/recall",
+                                                   json={"recallHandle": recall_handle})
+            except LedgerMQError as exc:
+                if exc.status != 404 or len(sets) == 1:
+                    raise
+                last = exc  # another set may hold it
+                continue
+            return str(doc["messageId"])
+        assert last is not None
+        raise last
 
     def _on_drain(self, batch: Any) -> None:
         """A batch left: the topic's next unpinned messages go to the next (set, queue)."""
@@ -411,8 +470,15 @@ class AsyncProducer:
             brokers = [b for b in route.brokers if b.broker_name == broker_name]
             if not brokers:
                 raise TopicNotExistError(f"broker set {broker_name!r} does not hold topic {topic!r}")
+        groups = {m.message_group for m in msgs if m.message_group is not None}
+        if groups:  # the broker puts each in its group's queue; the set must be every group's
+            homes = {self._set_for_group(brokers, g, topic).broker_name for g in groups}
+            if len(homes) > 1:
+                raise ValueError(f"the message groups of one send_batch live on different broker sets "
+                                 f"({', '.join(sorted(homes))}): send them with send(), or a batch per set")
+            brokers = [b for b in brokers if b.broker_name in homes]
         broker, queue_id = self._select(brokers, max(pinned) + 1 if pinned else 0, topic)
-        send = OneRequest(topic, msgs, docs, movable=broker_name is None and not pinned)
+        send = OneRequest(topic, msgs, docs, movable=broker_name is None and not pinned and not groups)
         send.assign(broker.broker_name, queue_id)
         return await send_one_request(self, send)
 

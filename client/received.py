@@ -43,6 +43,11 @@ class ReceivedMessage:
         return self.body.decode("utf-8")
 
     @property
+    def message_group(self) -> str | None:
+        """A FIFO message's group (RocketMQ's `__SHARDINGKEY` property), else None."""
+        return self.properties.get("__SHARDINGKEY")
+
+    @property
     def attempt(self) -> int:
         """1 for the first delivery, 2 for the first redelivery, ..."""
         return self.reconsume_times + 1

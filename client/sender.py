@@ -218,11 +218,7 @@ class Sender:
         for r, res in zip(records, results, strict=True):
             size += r.size
             if not r.future.done():
-                r.future.set_result(
-                    SendResult(
-                        res["msgId"], res["queueId"], res["queueOffset"], res["commitLogOffset"], broker_name
-                    )
-                )
+                r.future.set_result(SendResult.from_json(res, broker_name))
         self._released(len(records), size)
 
     def _fail_record(self, r: Record, exc: LedgerMQError) -> None:

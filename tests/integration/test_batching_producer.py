@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from client import Message, Producer
+from client import Message, Producer, SimpleConsumer
 from client.errors import BadRequestError, LedgerMQError, ProducerBufferFullError, SendOutcomeUnknownError
 from client.outcome import Delivery, delivery_of
 from client.producer import AsyncProducer
@@ -26,6 +26,7 @@ from tests.integration._ledgermq_procs import (
     wait_http,
     wait_master,
 )
+from wire.groups import queue_of_group
 
 
 def read_queue(addr: str, topic: str, queue_id: int) -> list[dict]:
@@ -49,8 +50,11 @@ def single(tmp_path_factory):
         yield group, ns, broker
 
 
-def create(addr: str, ns: str, topic: str, queues: int) -> None:
-    r = httpx.put(f"http://{addr}/topics/{topic}", json={"readQueueNums": queues, "writeQueueNums": queues})
+def create(addr: str, ns: str, topic: str, queues: int, message_type: str | None = None) -> None:
+    body: dict = {"readQueueNums": queues, "writeQueueNums": queues}
+    if message_type:
+        body["attributes"] = {"message.type": message_type}
+    r = httpx.put(f"http://{addr}/topics/{topic}", json=body)
     assert r.status_code == 200, r.text
     wait_http(f"http://{ns}/routes/{topic}", ok=lambda r: r.status_code == 200)
 
@@ -180,3 +184,57 @@ def test_master_sigkill_during_20_s_of_batched_sends_loses_no_acked_message_and_
                 assert body not in where, f"{body} refused ({exc!r}) yet stored"
     assert acked > 5000, f"only {acked} acknowledged"
     print(f"acked={acked} failed={failed} stored={len(stored)}")
+
+
+async def test_delayed_sends_arrive_when_due_and_a_recalled_one_never(single):
+    """RocketMQ's delay messages through the SDK: the result says when (`deliver_at_ms`, offset
+    -1 in the timer queue) and how to cancel (`recall_handle`); the message shows up in its queue
+    once due, a recalled one never; a second recall is refused."""
+    _, ns, broker = single
+    create(broker, ns, "later", 1, "DELAY")
+    async with AsyncProducer(ns) as p:
+        before_ms = int(time.time() * 1000)
+        due = await p.send("later", "due soon", delay_ms=1500)
+        cancelled = await p.send("later", Message("never", deliver_at_ms=before_ms + 60_000))
+        assert due.queue_offset == -1 and due.recall_handle and due.message_id
+        assert before_ms + 1500 <= due.deliver_at_ms <= int(time.time() * 1000) + 1500
+        assert cancelled.deliver_at_ms == before_ms + 60_000
+        assert await p.recall("later", cancelled.recall_handle) == cancelled.message_id
+        assert read_queue(broker, "later", 0) == []  # nothing is due yet
+        with pytest.raises(LedgerMQError) as ei:
+            await p.recall("later", cancelled.recall_handle, broker_name=cancelled.broker_name)
+        assert ei.value.code == "RECALL_FAILED", ei.value
+    deadline = time.monotonic() + 15
+    while not (stored := read_queue(broker, "later", 0)):
+        assert time.monotonic() < deadline, "the delayed message never arrived"
+        await asyncio.sleep(0.1)
+    assert [m["body"] for m in stored] == ["due soon"]
+    assert int(time.time() * 1000) >= due.deliver_at_ms
+
+
+async def test_fifo_groups_keep_their_send_order_through_batching_and_reach_consumers_grouped(single):
+    _, ns, broker = single
+    create(broker, ns, "ordered", 4, "FIFO")
+    groups = [f"cart-{i}" for i in range(6)]
+    async with AsyncProducer(ns, linger_ms=2) as p:
+        sends = [(g, i, await p.send_async("ordered", f"{g}/{i}", message_group=g))
+                 for i in range(50) for g in groups]
+        results = {(g, i): await f for g, i, f in sends}
+        with pytest.raises(ValueError, match="message_group"):
+            await p.send("ordered", "x", message_group="")
+    for g in groups:
+        queues = {results[g, i].queue_id for i in range(50)}
+        assert queues == {queue_of_group(g, 4)}, (g, queues)
+        offsets = [results[g, i].queue_offset for i in range(50)]
+        assert offsets == sorted(offsets), f"{g} stored out of send order"
+    with SimpleConsumer("g-ordered", "ordered", ns) as c:
+        got: dict[str, list[str]] = {}
+        deadline = time.monotonic() + 30
+        while sum(map(len, got.values())) < 300:
+            assert time.monotonic() < deadline, {g: len(v) for g, v in got.items()}
+            msgs = await asyncio.to_thread(c.receive, 32, 1000)
+            for m in msgs:
+                got.setdefault(m.message_group, []).append(m.text)
+            if msgs:
+                await asyncio.to_thread(c.ack, *msgs)
+    assert got == {g: [f"{g}/{i}" for i in range(50)] for g in groups}

@@ -32,6 +32,7 @@ from tests.integration._ledgermq_procs import (
     wait_http,
     wait_master,
 )
+from wire.groups import queue_of_group
 
 pytestmark = pytest.mark.slow
 
@@ -84,9 +85,9 @@ def _route_has_both(ns: str, topic: str) -> bool:
     } == set(SETS)
 
 
-def create_topic(env: TwoSets, topic: str) -> None:
+def create_topic(env: TwoSets, topic: str, attributes: dict[str, str | None] | None = None) -> None:
     with Admin(env.ns) as admin:
-        done = admin.update_topic(topic, QUEUES, QUEUES)
+        done = admin.update_topic(topic, QUEUES, QUEUES, attributes=attributes)
     assert set(done) == set(SETS)
     deadline = time.monotonic() + 30
     while not _route_has_both(env.ns, topic) and time.monotonic() < deadline:
@@ -465,3 +466,37 @@ def test_a_pull_iterator_starts_while_a_set_is_down_and_reads_it_once_it_is_back
             assert set(got) == want and len(got) == len(want)
         finally:
             it.close()
+
+
+def test_fifo_groups_over_two_sets_each_stay_in_one_queue_in_send_order(env):
+    """A FIFO message group lives in one set and one queue (the broker's formula), whichever
+    producer sends it; concurrent batched sends of many groups keep each group's order."""
+    topic = "fifo-spread"
+    create_topic(env, topic, attributes={"message.type": "FIFO"})
+    groups = [f"order-{i}" for i in range(12)]
+    homes: list[dict[str, tuple[str, int]]] = []
+    for round_ in range(2):  # two producers, one after the other: the same home for each group
+        with Producer(env.ns) as p:
+            futures = [(g, i, p.send_async(topic, f"{g}:{round_}:{i}", message_group=g))
+                       for i in range(40) for g in groups]
+            p.flush()
+        placed: dict[str, list[tuple[int, int]]] = {}
+        home: dict[str, tuple[str, int]] = {}
+        for g, i, f in futures:
+            r = f.result()
+            assert home.setdefault(g, (r.broker_name, r.queue_id)) == (r.broker_name, r.queue_id), g
+            placed.setdefault(g, []).append((i, r.queue_offset))
+        for g, pairs in placed.items():
+            offsets = [o for _, o in sorted(pairs)]
+            assert offsets == sorted(offsets), f"{g} stored out of send order: {offsets}"
+            assert home[g][1] == queue_of_group(g, QUEUES)
+        homes.append(home)
+    assert homes[0] == homes[1]
+    assert {b for b, _ in homes[0].values()} == set(SETS)  # 12 groups use both sets
+    for name in SETS:
+        stored = env.read_set(name, topic)
+        for g in groups:
+            mine = [m for m in stored if m["properties"].get("__SHARDINGKEY") == g]
+            assert not mine or homes[0][g][0] == name, g
+            expected = [f"{g}:{r}:{i}" for r in range(2) for i in range(40)] if mine else []
+            assert [m["body"] for m in sorted(mine, key=lambda m: m["queueOffset"])] == expected

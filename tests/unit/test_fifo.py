@@ -3,7 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.fifo import FifoGate, consistent_hash, message_group_problem, queue_of_group
+from broker.fifo import FifoGate, message_group_problem
+from wire.groups import consistent_hash, queue_of_group
 
 
 def test_guava_consistent_hash_golden_values():
