@@ -574,6 +574,10 @@ class Producer:
         """See `AsyncProducer.send_batch`."""
         return self._call(self._p.send_batch(topic, list(messages), broker_name=broker_name))
 
+    def recall(self, topic: str, recall_handle: str, broker_name: str | None = None) -> str:
+        """See `AsyncProducer.recall`."""
+        return self._call(self._p.recall(topic, recall_handle, broker_name))
+
     @property
     def retries(self) -> int:
         return self._p.retries

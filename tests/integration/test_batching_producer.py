@@ -238,3 +238,13 @@ async def test_fifo_groups_keep_their_send_order_through_batching_and_reach_cons
             if msgs:
                 await asyncio.to_thread(c.ack, *msgs)
     assert got == {g: [f"{g}/{i}" for i in range(50)] for g in groups}
+
+
+def test_the_blocking_producer_recalls_a_delayed_message(single):
+    _, ns, broker = single
+    create(broker, ns, "later-sync", 1, "DELAY")
+    with Producer(ns) as p:
+        sent = p.send("later-sync", "cancel me", delay_ms=30_000)
+        assert p.recall("later-sync", sent.recall_handle) == sent.message_id
+        with pytest.raises(LedgerMQError, match="RECALL_FAILED"):
+            p.recall("later-sync", sent.recall_handle)
