@@ -14,6 +14,7 @@ from client.consumer import (
 from client.errors import LedgerMQError
 from client.producer import AsyncProducer, Message, Producer, SendResult
 from client.push import AsyncPushConsumer, ConsumeResult, PushConsumer
+from client.transaction import Transaction, TransactionResolution
 
 __all__ = [
     "Admin",
@@ -33,4 +34,6 @@ __all__ = [
     "ReceivedMessage",
     "SendResult",
     "SimpleConsumer",
+    "Transaction",
+    "TransactionResolution",
 ]

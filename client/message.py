@@ -65,7 +65,8 @@ class Message:
 class SendResult:
     """Where a message was stored. A delayed message is stored in the timer queue until it is due:
     its `queue_offset` is -1 and it carries `deliver_at_ms` and `recall_handle`. `message_id` is
-    the id it keeps from send to delivery (what consumers see as `ReceivedMessage.message_id`)."""
+    the id it keeps from send to delivery. A half message (`send_transactional`) carries its
+    `transaction_id`."""
 
     msg_id: str
     queue_id: int
@@ -75,12 +76,14 @@ class SendResult:
     message_id: str | None = None
     deliver_at_ms: int | None = None
     recall_handle: str | None = None
+    transaction_id: str | None = None
 
     @classmethod
     def from_json(cls, res: dict[str, Any], broker_name: str) -> SendResult:
         """One entry of a produce answer's `results`."""
         return cls(res["msgId"], res["queueId"], res["queueOffset"], res["commitLogOffset"], broker_name,
-                   res.get("messageId"), res.get("deliverAt"), res.get("recallHandle"))
+                   res.get("messageId"), res.get("deliverAt"), res.get("recallHandle"),
+                   res.get("transactionId"))
 
 
 def as_message(m: Message | bytes | str) -> Message:

@@ -58,13 +58,7 @@ async def send_one_request(p: ProducerParts, send: OneRequest) -> list[SendResul
         broker_name = send.broker_name
         started = time.monotonic()
         try:
-            url: str | None = hint
-            if url is None:
-                route = await p.routes.get(topic, refresh=attempt > 0)
-                broker = route.broker(broker_name)
-                url = broker.master_url if broker else None
-            if url is None:
-                raise NotMasterError(f"broker set {broker_name} has no master in the route")
+            url = hint or await p.routes.master_url(topic, broker_name, refresh=attempt > 0)
             p.stats["requests"] += 1
             doc = await p.transport.request("POST", url + path, json=payload)
             p.fault.update(broker_name, (time.monotonic() - started) * 1000, failed=False)

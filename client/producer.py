@@ -53,6 +53,7 @@ from client.loop import LightFuture
 from client.message import KeyGenerator, Message, SendResult, as_message
 from client.one_request import OneRequest, send_one_request
 from client.sender import Sender
+from client.transaction import BlockingTransaction, CheckLoop, Transaction, TransactionChecker
 from client.transport import (
     PERM_WRITE,
     AsyncTransport,
@@ -119,7 +120,11 @@ class AsyncProducer:
         ca_file: str | None = None,
         client_cert: str | tuple[str, str] | None = None,
         client_id: str | None = None,
+        producer_group: str | None = None,
+        transaction_checker: TransactionChecker | None = None,
     ) -> None:
+        if transaction_checker is not None and not producer_group:
+            raise ValueError("a transaction_checker answers for a producer_group: give both")
         if batch_max_messages < 1 or batch_max_bytes < 1 or max_in_flight < 1 or buffer_max_bytes < 1:
             raise ValueError(
                 "batch_max_messages, batch_max_bytes, max_in_flight, buffer_max_bytes must be >= 1"
@@ -146,6 +151,22 @@ class AsyncProducer:
         self._sticky: dict[str, tuple[TopicRoute, str, int | None]] = {}  # topic -> (route, set, queue)
         self._sender: Sender | None = None
         self._closed = False
+        self.producer_group = producer_group
+        self.checks = CheckLoop(self, producer_group, transaction_checker) if transaction_checker else None
+        self._checks_started = False
+        self._start_checks()
+
+    def _start_checks(self) -> None:
+        """Start answering check-backs once a loop runs (at once when created on one, else at the
+        first send or `async with`)."""
+        if self.checks is None or self._checks_started:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._checks_started = True
+        self.checks.start()
 
     @property
     def retries(self) -> int:
@@ -158,6 +179,7 @@ class AsyncProducer:
         return self.stats["moves"]
 
     async def __aenter__(self) -> AsyncProducer:
+        self._start_checks()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -170,6 +192,8 @@ class AsyncProducer:
         if self._closed:
             return
         self._closed = True
+        if self.checks is not None:
+            await self.checks.stop()
         if self._sender is not None:
             await self._sender.close(timeout_s, lambda: ProducerClosedError("the producer was closed"))
         await self.transport.aclose()
@@ -204,6 +228,35 @@ class AsyncProducer:
         if self._closed:
             raise ProducerClosedError("the producer is closed")
         msg, doc, size = self._prepare(message, kw)
+        return await self._send_prepared(topic, msg, doc, size, broker_name, callback)
+
+    async def send_transactional(
+        self, topic: str, message: Message | bytes | str, *, broker_name: str | None = None, **kw: Any
+    ) -> Transaction:
+        """Send a half message (batched like any send) and return its `Transaction`: consumers
+        see the message once it is committed, never after a rollback. Its producer group is
+        `producer_group` (default: the topic, as the broker does), whose `transaction_checker`
+        the master asks if neither comes. The topic's `message.type` must be TRANSACTION (or
+        MIXED)."""
+        if self._closed:
+            raise ProducerClosedError("the producer is closed")
+        self._start_checks()
+        msg, doc, size = self._prepare(message, kw)
+        doc["transactional"] = True
+        if self.producer_group:
+            doc["producerGroup"] = self.producer_group
+        fut = await self._send_prepared(topic, msg, doc, size, broker_name, None)
+        return Transaction(self, topic, await fut)
+
+    async def _send_prepared(
+        self,
+        topic: str,
+        msg: Message | None,
+        doc: dict[str, Any],
+        size: int,
+        broker_name: str | None,
+        callback: SendCallback | None,
+    ) -> asyncio.Future[SendResult]:
         if not self.pool.try_reserve(size):  # no coroutine for the common case: room at once
             await self.pool.reserve(size)
         fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
@@ -573,6 +626,18 @@ class Producer:
     ) -> list[SendResult]:
         """See `AsyncProducer.send_batch`."""
         return self._call(self._p.send_batch(topic, list(messages), broker_name=broker_name))
+
+    def send_transactional(
+        self, topic: str, message: Message | bytes | str, *, broker_name: str | None = None, **kw: Any
+    ) -> BlockingTransaction:
+        """See `AsyncProducer.send_transactional`; `commit()`/`rollback()` block."""
+        tx = self._call(self._p.send_transactional(topic, message, broker_name=broker_name, **kw))
+        return BlockingTransaction(tx, self._call)
+
+    @property
+    def checks(self) -> CheckLoop | None:
+        """The check-back loop (with a `transaction_checker`): its `stats`."""
+        return self._p.checks
 
     def recall(self, topic: str, recall_handle: str, broker_name: str | None = None) -> str:
         """See `AsyncProducer.recall`."""

@@ -20,6 +20,7 @@ import orjson
 from client.errors import (
     BrokerUnreachableError,
     LedgerMQError,
+    NotMasterError,
     ServerError,
     TopicNotExistError,
     error_from_problem,
@@ -261,6 +262,14 @@ class RouteCache:
             self._routes[topic] = route
             return route
 
+    async def master_url(self, topic: str, broker_name: str, refresh: bool = False) -> str:
+        """Base URL of `broker_name`'s master per `topic`'s route; NotMasterError when the route
+        names none."""
+        broker = (await self.get(topic, refresh=refresh)).broker(broker_name)
+        if broker is None or broker.master_url is None:
+            raise NotMasterError(f"broker set {broker_name} has no master in the route")
+        return broker.master_url
+
     def cached(self, topic: str) -> TopicRoute | None:
         """The cached route of `topic`, however old (no I/O)."""
         return self._routes.get(topic)
@@ -303,6 +312,21 @@ class RouteCache:
             self._next_ns = (self._next_ns + i) % len(self.namesrv_urls)
             return parse_route(doc)
         raise BrokerUnreachableError(f"no name server answered for topic {topic!r}: {last}")
+
+    async def masters(self) -> list[str]:
+        """Base URLs of every broker set's master, from the name servers' cluster view (tried in
+        turn); in static mode, the broker addresses."""
+        if not self.namesrv_urls:
+            return list(self.broker_urls)
+        last: LedgerMQError | None = None
+        for url in self.namesrv_urls:
+            try:
+                view = await self.transport.request("GET", f"{url}/cluster", timeout_s=3.0)
+            except LedgerMQError as exc:
+                last = exc
+                continue
+            return [base_url(b["masterAddr"]) for b in view["brokers"].values() if b.get("masterAddr")]
+        raise BrokerUnreachableError(f"no name server answered for the cluster view: {last}")
 
     async def _cluster_route(self, url: str, topic: str) -> TopicRoute | None:
         try:

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import httpx
 import pytest
 
-from client import Message, Producer, SimpleConsumer
+from client import Message, Producer, SimpleConsumer, TransactionResolution
 from client.errors import BadRequestError, LedgerMQError, ProducerBufferFullError, SendOutcomeUnknownError
 from client.outcome import Delivery, delivery_of
 from client.producer import AsyncProducer
 from tests.integration._ledgermq_procs import (
+    REPO,
     ProcessGroup,
     namesrv_and_broker,
     start_dledger_set,
@@ -248,3 +251,59 @@ def test_the_blocking_producer_recalls_a_delayed_message(single):
         assert p.recall("later-sync", sent.recall_handle) == sent.message_id
         with pytest.raises(LedgerMQError, match="RECALL_FAILED"):
             p.recall("later-sync", sent.recall_handle)
+
+
+def test_transactional_sends_are_delivered_once_committed_and_never_after_a_rollback(single):
+    _, ns, broker = single
+    create(broker, ns, "tx-sdk", 1, "TRANSACTION")
+    with Producer(ns, producer_group="pg-sdk") as p:
+        yes = p.send_transactional("tx-sdk", "commit me")
+        no = p.send_transactional("tx-sdk", "roll me back")
+        assert yes.result.queue_offset == -1 and yes.transaction_id != no.transaction_id
+        assert read_queue(broker, "tx-sdk", 0) == []  # half messages: not delivered yet
+        assert yes.commit() == "COMMITTED" and yes.commit() == "COMMITTED"  # idempotent
+        assert no.rollback() == "ROLLED_BACK"
+        with pytest.raises(LedgerMQError, match="TRANSACTION_CONFLICT"):
+            no.commit()
+    assert [m["body"] for m in read_queue(broker, "tx-sdk", 0)] == ["commit me"]
+
+
+CRASHING_PRODUCER = """
+import os, sys
+from client import Producer
+p = Producer(sys.argv[1], producer_group="pg-crash")
+for body in ("yes", "no", "later"):
+    p.send_transactional("tx-check", body)
+os._exit(0)  # gone before committing anything, as a crashed application
+"""
+
+
+def test_a_transaction_checker_resolves_what_a_crashed_producer_left_open(tmp_path):
+    """RocketMQ's check-back: a producer process exits between its half messages and their
+    commit; another producer of the same group, with a `transaction_checker`, is asked by the
+    master and its answers are applied — COMMIT delivers, ROLLBACK discards, UNKNOWN is asked
+    again (and answered later)."""
+    fast = {"transactionTimeOut": "300", "transactionCheckInterval": "500", "transactionCheckMax": "50"}
+    with namesrv_and_broker(tmp_path, "broker-tx", **fast) as (_, ns, broker):
+        wait_http(f"http://{ns}/cluster", ok=lambda r: "broker-s" in r.json()["brokers"])
+        create(broker, ns, "tx-check", 1, "TRANSACTION")
+        crashed = subprocess.run([sys.executable, "-c", CRASHING_PRODUCER, ns], cwd=REPO, timeout=60,
+                                 capture_output=True, text=True)
+        assert crashed.returncode == 0, crashed.stderr
+        asked: list[str] = []
+
+        def checker(m):
+            asked.append(m.text)
+            if m.text == "later" and asked.count("later") == 1:
+                return TransactionResolution.UNKNOWN  # not decided yet: asked again
+            if m.text in ("yes", "later"):
+                return TransactionResolution.COMMIT
+            return TransactionResolution.ROLLBACK
+
+        with Producer(ns, producer_group="pg-crash", transaction_checker=checker) as p:
+            deadline = time.monotonic() + 30
+            while sorted(m["body"] for m in read_queue(broker, "tx-check", 0)) != ["later", "yes"]:
+                assert time.monotonic() < deadline, (asked, p.checks.stats)
+                time.sleep(0.1)
+            assert p.checks.stats["committed"] == 2 and p.checks.stats["rolled_back"] == 1
+            assert asked.count("later") >= 2

@@ -179,10 +179,13 @@ def test_the_printed_mqadmin_line_lists_the_set(run: Run) -> None:
     assert out.count("broker-a") == 3 and "MASTER" in out
 
 
-def test_readme_sdk_snippet_runs_verbatim(run: Run) -> None:
-    code = readme_block("from client import").replace("127.0.0.1:9876", run.namesrv)
+@pytest.mark.parametrize("marker", ["from client import ConsumeResult", "TransactionResolution"])
+def test_readme_sdk_snippets_run_verbatim(run: Run, marker: str) -> None:
+    code = readme_block(marker).replace("127.0.0.1:9876", run.namesrv)
     done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr
+    if marker == "TransactionResolution":
+        assert done.stdout.split()[-1] == "COMMITTED", done.stdout
 
 
 def test_readme_rocketmq5_snippet_then_the_console_finds_its_id(run: Run) -> None:
