@@ -51,6 +51,20 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+FILTER_TYPES = ("TAG", "SQL92")
+
+
+def filter_fields(filter_type: str, expression: str | None) -> dict[str, str]:
+    """A subscription's filter as request fields (RocketMQ's `FilterExpression`): TAG
+    (`"TagA || TagB"`) or SQL92 over the properties (`"a > 1 AND TAGS = 'x'"`, needs the brokers'
+    `enablePropertyFilter=true`); none for no expression or the TAG `*` (every message). A bad
+    expression is refused by the broker (ILLEGAL_FILTER_EXPRESSION, naming it)."""
+    if filter_type not in FILTER_TYPES:
+        raise ValueError(f"filter_type must be one of {', '.join(FILTER_TYPES)}, got {filter_type!r}")
+    if expression is None or (filter_type == "TAG" and expression.strip() == "*"):
+        return {}
+    return {"filterType": filter_type, "filterExpression": expression}
+
 
 @dataclass(frozen=True, slots=True)
 class MessageQueue:
@@ -181,13 +195,17 @@ class AsyncPullConsumer(_RouteUser):
         max_messages: int = 32,
         wait_ms: int = 0,
         broker_name: str | None = None,
+        filter_expression: str | None = None,
+        filter_type: str = "TAG",
     ) -> PullResult:
         """Up to `max_messages` from `offset` (long-polling up to `wait_ms` at the queue's end),
         read from the set's master or, if it does not answer, a slave. The page travels in the
-        broker's binary form (`client.received`)."""
+        broker's binary form (`client.received`). With a filter (`filter_fields`) the page holds
+        only matching messages and `next_offset` is past what the broker skipped."""
         broker = await self._broker(topic, broker_name)
         path = f"/topics/{seg(topic)}/queues/{seg(queue_id)}/messages"
-        params = {"offset": offset, "maxMessages": max_messages, "waitMs": wait_ms, "format": "binary"}
+        params = {"offset": offset, "maxMessages": max_messages, "waitMs": wait_ms, "format": "binary",
+                  **filter_fields(filter_type, filter_expression)}
         last: LedgerMQError | None = None
         for url in broker.urls():
             try:
@@ -238,12 +256,17 @@ class AsyncPullConsumer(_RouteUser):
         wait_ms: int = 1000,
         prefetch_pages: int = 2,
         commit_interval_ms: int = 5000,
+        filter_expression: str | None = None,
+        filter_type: str = "TAG",
     ) -> PullIterator:
         """Every message of every queue of `topic` (all broker sets), pulled ahead of the caller
         (`client.prefetch.PullIterator`): `async for m in await c.iterate("t", "g")`. With a
         `group`, positions are committed every `commit_interval_ms` and at `close()`. `start`:
-        `committed` (the group's offsets; earliest where it has none), `earliest`, `latest`."""
-        it = PullIterator(self, topic, group, start, batch, wait_ms, prefetch_pages, commit_interval_ms)
+        `committed` (the group's offsets; earliest where it has none), `earliest`, `latest`.
+        A filter (`filter_fields`) hands out only the matching messages."""
+        filter_fields(filter_type, filter_expression)  # a bad filter_type fails here, not in a pull task
+        it = PullIterator(self, topic, group, start, batch, wait_ms, prefetch_pages, commit_interval_ms,
+                          filter_expression, filter_type)
         await it.start()
         self._iterators.append(it)
         return it
@@ -273,7 +296,10 @@ class AsyncSimpleConsumer(_RouteUser):
     or at `close`. Off by default, as a message received ahead is delivered, to the broker's
     counts, whether or not the caller takes it. `ack_async` coalesces the acks of a broker set
     into one request (flushed at `ACK_BATCH` handles or after 2 ms): one replicated record per
-    request on the broker."""
+    request on the broker.
+
+    `filter_expression` / `filter_type` subscribe to part of the topic, as RocketMQ's
+    `FilterExpression` (`filter_fields`): the broker hands the group only matching messages."""
 
     ACK_BATCH = 256
     ACK_LINGER_S = 0.002
@@ -297,7 +323,10 @@ class AsyncSimpleConsumer(_RouteUser):
         client_cert: str | tuple[str, str] | None = None,
         client_id: str | None = None,
         client_type: str = "SIMPLE_CONSUMER",
+        filter_expression: str | None = None,
+        filter_type: str = "TAG",
     ) -> None:
+        self.filter = filter_fields(filter_type, filter_expression)  # the receive request's fields
         if not 1 <= receive_ahead_max <= MAX_RECEIVE_MESSAGES:
             raise ValueError(
                 f"receive_ahead_max must be in 1..{MAX_RECEIVE_MESSAGES}, got {receive_ahead_max}"
@@ -418,6 +447,7 @@ class AsyncSimpleConsumer(_RouteUser):
             "waitMs": wait_ms,
             # 0 is the caller's value (the broker refuses it), not "use the default"
             "invisibleMs": invisible_ms,
+            **self.filter,
         }
         turn = next(self._turn)
         ordered = [brokers[(turn + i) % len(brokers)] for i in range(len(brokers))]
@@ -618,8 +648,11 @@ class PullConsumer(_SyncWrapper):
         max_messages: int = 32,
         wait_ms: int = 0,
         broker_name: str | None = None,
+        filter_expression: str | None = None,
+        filter_type: str = "TAG",
     ) -> PullResult:
-        return self._run(self._c.pull(topic, queue_id, offset, max_messages, wait_ms, broker_name))
+        return self._run(self._c.pull(topic, queue_id, offset, max_messages, wait_ms, broker_name,
+                                      filter_expression, filter_type))
 
     def committed_offsets(self, group: str, topic: str, broker_name: str | None = None) -> dict[int, int]:
         return self._run(self._c.committed_offsets(group, topic, broker_name))

@@ -49,7 +49,8 @@ class PullSource(Protocol):
     async def queue_offsets(self, topic: str, broker_name: str) -> dict[int, tuple[int, int]]: ...
 
     async def pull(
-        self, topic: str, queue_id: int, offset: int, max_messages: int, wait_ms: int, broker_name: str
+        self, topic: str, queue_id: int, offset: int, max_messages: int, wait_ms: int, broker_name: str,
+        filter_expression: str | None = None, filter_type: str = "TAG",
     ) -> PullResult: ...
 
     async def committed_offsets(self, group: str, topic: str, broker_name: str) -> dict[int, int]: ...
@@ -73,6 +74,8 @@ class PullIterator:
         wait_ms: int,
         prefetch_pages: int,
         commit_interval_ms: int,
+        filter_expression: str | None = None,
+        filter_type: str = "TAG",
     ) -> None:
         if start not in _STARTS:
             raise ValueError(f"start must be one of {_STARTS}, not {start!r}")
@@ -81,6 +84,7 @@ class PullIterator:
         self.consumer = consumer
         self.topic, self.group, self.start_at = topic, group, start
         self.batch, self.wait_ms = batch, wait_ms
+        self.filter_expression, self.filter_type = filter_expression, filter_type
         self.prefetch_pages = prefetch_pages
         self.commit_interval_s = commit_interval_ms / 1000.0
         # (broker set, queue) -> offset of the message handed out last (its predecessors are done)
@@ -174,7 +178,8 @@ class PullIterator:
             await credits.acquire()
             try:
                 page = await self.consumer.pull(
-                    self.topic, queue_id, offset, self.batch, self.wait_ms, broker_name
+                    self.topic, queue_id, offset, self.batch, self.wait_ms, broker_name,
+                    self.filter_expression, self.filter_type,
                 )
             except OffsetOutOfRangeError as exc:
                 credits.release()

@@ -100,6 +100,8 @@ class AsyncPushConsumer:
         retry_backoff_max_ms: int = 60_000,
         ca_file: str | None = None,
         client_cert: str | tuple[str, str] | None = None,
+        filter_expression: str | None = None,
+        filter_type: str = "TAG",
     ) -> None:
         self.listener = listener
         self.is_async = inspect.iscoroutinefunction(listener)
@@ -115,6 +117,8 @@ class AsyncPushConsumer:
             ca_file=ca_file,
             client_cert=client_cert,
             client_type="PUSH_CONSUMER",
+            filter_expression=filter_expression,
+            filter_type=filter_type,
         )
         self.group, self.topic = group, topic
         self.consume_thread_count = consume_thread_count
@@ -195,7 +199,8 @@ class AsyncPushConsumer:
                     self._start_set(broker.broker_name)
 
     async def _receive_loop(self, broker_name: str) -> None:
-        body = {"topic": self.topic, "waitMs": self.wait_ms, "invisibleMs": self.invisible_ms}
+        body = {"topic": self.topic, "waitMs": self.wait_ms, "invisibleMs": self.invisible_ms,
+                **self.simple.filter}
         path = f"/consumers/{seg(self.group)}/receive"
         failing = ""  # the error the last receive failed with: said once, not once a second
         while self._running:

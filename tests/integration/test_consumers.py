@@ -288,3 +288,58 @@ def test_push_listener_returning_failure_gets_the_message_again(env):
     assert sorted({t for t, _ in seen}) == sorted(bodies)
     assert sorted(seen) == sorted([(b, 1) for b in bodies] + [("res-1", 2), ("res-2", 2)])
     assert c.stats["consumed"] == 30 and c.stats["failed"] == 2
+
+
+def test_consumers_subscribe_with_a_tag_filter(env):
+    """RocketMQ's subscription by tag (`"A || B"`): the simple and push consumers are handed only
+    the matching messages, the pull iterator and a single pull read only them; `*` is everything,
+    and a bad filter type is refused before anything is sent."""
+    ns, broker = env
+    r = httpx.put(f"http://{broker}/topics/tagged", json={"readQueueNums": 2, "writeQueueNums": 2})
+    assert r.status_code == 200, r.text
+    wait_http(f"http://{ns}/routes/tagged")
+    tags = ("A", "B", "C")
+    with Producer(ns) as p:
+        futs = [p.send_async("tagged", f"m{i}", tags=tags[i % 3]) for i in range(90)]
+        p.flush()
+        assert all(f.result() for f in futs)
+    want_ab = sorted(f"m{i}" for i in range(90) if i % 3 != 2)
+    want_c = sorted(f"m{i}" for i in range(90) if i % 3 == 2)
+
+    with SimpleConsumer("g-tag-simple", "tagged", ns, filter_expression="A || B") as c:
+        got: list[str] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 60:
+            assert time.monotonic() < deadline, len(got)
+            msgs = c.receive(32, 500)
+            got += [m.text for m in msgs]
+            if msgs:
+                c.ack(*msgs)
+        assert c.receive(32, 500) == []  # nothing of tag C is handed to this group
+    assert sorted(got) == want_ab
+
+    pushed: list[str] = []
+    lock = threading.Lock()
+
+    def listener(m):
+        with lock:
+            pushed.append(m.tags)
+
+    with PushConsumer("g-tag-push", "tagged", listener, ns, wait_ms=300, filter_expression="C"):
+        deadline = time.monotonic() + 20
+        while len(pushed) < 30:
+            assert time.monotonic() < deadline, len(pushed)
+            time.sleep(0.05)
+        time.sleep(0.5)
+    assert pushed == ["C"] * 30
+
+    with PullConsumer(ns) as c:
+        it = c.iterate("tagged", "g-tag-iter", wait_ms=100, filter_expression="C")
+        assert sorted(next(it).text for _ in range(30)) == want_c
+        it.close()
+        page = c.pull("tagged", 0, 0, 64, filter_expression="A")
+        assert page.messages and {m.tags for m in page.messages} == {"A"}
+        every = c.pull("tagged", 0, 0, 64, filter_expression="*").messages  # `*`: no filter
+        assert len(every) == 64 and {m.tags for m in every} == set(tags)
+        with pytest.raises(ValueError, match="filter_type"):
+            c.pull("tagged", 0, 0, 64, filter_expression="a > 1", filter_type="SQL")
