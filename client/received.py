@@ -37,6 +37,9 @@ class ReceivedMessage:
     reconsume_times: int = 0
     receipt_handle: str | None = None
     broker_name: str | None = None
+    # The id its producer was answered with (RocketMQ's message id, its UNIQ_KEY) from send to
+    # delivery; in received and queried messages, not in binary pull pages.
+    message_id: str | None = None
 
     @property
     def text(self) -> str:
@@ -71,6 +74,7 @@ class ReceivedMessage:
             d.get("reconsumeTimes", 0),
             d.get("receiptHandle"),
             broker_name,
+            d.get("messageId"),
         )
 
 

@@ -213,6 +213,9 @@ async def test_delayed_sends_arrive_when_due_and_a_recalled_one_never(single):
         await asyncio.sleep(0.1)
     assert [m["body"] for m in stored] == ["due soon"]
     assert int(time.time() * 1000) >= due.deliver_at_ms
+    with SimpleConsumer("g-later", "later", ns) as c:  # the id the producer got, on delivery
+        (got,) = await asyncio.to_thread(c.receive, 32, 2000)
+        assert (got.text, got.message_id) == ("due soon", due.message_id)
 
 
 async def test_fifo_groups_keep_their_send_order_through_batching_and_reach_consumers_grouped(single):
