@@ -64,9 +64,10 @@ class Message:
 @dataclass
 class SendResult:
     """Where a message was stored. A delayed message is stored in the timer queue until it is due:
-    its `queue_offset` is -1 and it carries `deliver_at_ms` and `recall_handle`. `message_id` is
-    the id it keeps from send to delivery. A half message (`send_transactional`) carries its
-    `transaction_id`."""
+    its `queue_offset` is -1 and it carries `deliver_at_ms` and `recall_handle`. A delayed or
+    transactional message's `message_id` is the id it keeps from send to delivery (its
+    `msg_id` names the stored copy in the timer queue or the half topic; None for other messages,
+    whose `msg_id` is the one). A half message (`send_transactional`) carries its `transaction_id`."""
 
     msg_id: str
     queue_id: int
