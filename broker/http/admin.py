@@ -10,6 +10,7 @@ from fastapi import APIRouter, Path, Query, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
+from broker.config import RUNTIME_KEYS
 from broker.http.acl import account_of
 from broker.http.schemas import (
     PROBLEM_RESPONSES,
@@ -255,10 +256,8 @@ def _ops_routes(services: BrokerServices) -> APIRouter:
         summary="Change settings while the broker runs (RocketMQ's updateBrokerConfig; admin only)",
         description="A JSON object of key: value (`.properties` spelling), e.g. "
         '`{"brokerPermission": 4}` to drain the broker of new writes, `{"fileReservedTime": 24}` to keep '
-        "one day of messages from the next clean-up on. Changeable: brokerPermission, fileReservedTime, "
-        "deleteWhen, diskMaxUsedSpaceRatio, diskSpaceCleanForciblyRatio, maxReconsumeTimes, "
-        "longPollingEnable, brokerSuspendMaxTimeMillis. Saved under the store root and read again at "
-        "start. Keys read at start only are refused, naming the key.",
+        f"one day of messages from the next clean-up on. Changeable: {', '.join(RUNTIME_KEYS)}. Saved "
+        "under the store root and read again at start. Keys read at start only are refused, naming the key.",
     )
     async def update_config(body: dict[str, Any], request: Request) -> dict[str, Any]:
         return await services.config.update(account_of(request), body)
