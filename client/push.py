@@ -22,6 +22,8 @@ RocketMQ's push consumer does, over the group-consumption API (receive / ack / n
 - `shutdown(timeout_s)` stops receiving, lets running handlers finish (up to `timeout_s`), gives
   back the messages no handler started (visible again at once), then sends the pending acks.
 - `lag()` is the group's lag over every queue of the topic (committed low-water marks).
+- `start()` fails (and closes the consumer) when the topic has no route or one broker refuses
+  the subscription's filter, as RocketMQ's client checks its subscription at start.
 - Every `SETS_WATCH_S` the topic's route is read again (RocketMQ's rebalance interval): a broker
   set that joins it later (a new set, or one that was down when the consumer started) gets its
   receive loops then. A set that fails keeps its loops, retrying every second.
@@ -45,8 +47,11 @@ from client.errors import LedgerMQError
 from client.loop import BackgroundLoop, construct
 from client.received import ReceivedMessage
 from client.transport import seg
+from wire.codes import ErrorCode
 
 log = logging.getLogger(__name__)
+# The broker refused the subscription's filter itself: no receive can succeed.
+_FILTER_REFUSED = frozenset({ErrorCode.ILLEGAL_FILTER_EXPRESSION, ErrorCode.FILTER_NOT_SUPPORTED})
 
 Listener = Callable[[ReceivedMessage], Any]
 
@@ -156,9 +161,21 @@ class AsyncPushConsumer:
         self._running = False
 
     async def start(self) -> None:
-        """Start receiving from every broker set of the topic and calling the listener."""
+        """Start receiving from every broker set of the topic and calling the listener.
+
+        Raises what stops it from consuming at all, as RocketMQ's client does when it checks its
+        subscription with a broker at start: the topic has no route (`TopicNotExistError`), or a
+        filter the broker refuses (a `LedgerMQError` with code ILLEGAL_FILTER_EXPRESSION, or
+        FILTER_NOT_SUPPORTED for SQL92 on brokers without `enablePropertyFilter`). A consumer
+        whose start failed is closed."""
         loop = self._loop = asyncio.get_running_loop()
-        route = await self.simple.routes.get(self.topic)
+        try:
+            route = await self.simple.routes.get(self.topic)
+            if self.simple.filter and route.brokers:
+                await self._check_filter(route.brokers[0].broker_name)
+        except BaseException:
+            await self.simple.close()
+            raise
         self._running = True
         for broker in route.brokers:
             self._start_set(broker.broker_name)
@@ -175,6 +192,21 @@ class AsyncPushConsumer:
                 t.start()
         self._renewer = loop.create_task(self._renew_every())
         self._watcher = loop.create_task(self._watch_sets())
+
+    async def _check_filter(self, broker_name: str) -> None:
+        """Have one broker parse the filter, with nothing read or hidden: a pull past any
+        queue's end, which the broker refuses after parsing the filter (OFFSET_OUT_OF_RANGE, or
+        an empty page). Only a refusal of the filter itself is raised: the receive loops deal
+        with everything else as they do later (an unreachable set is retried)."""
+        params = {"offset": 2**62, "maxMessages": 1, "waitMs": 0, **self.simple.filter}
+        try:
+            await self.simple._read(
+                self.topic, broker_name, "GET", f"/topics/{seg(self.topic)}/queues/0/messages", params=params
+            )
+        except LedgerMQError as exc:
+            if exc.code in _FILTER_REFUSED:
+                raise
+            log.debug("push filter check group=%s topic=%s: %s", self.group, self.topic, exc)
 
     # ---- receiving -----------------------------------------------------------------------------
     def _start_set(self, broker_name: str) -> None:
@@ -471,7 +503,13 @@ class PushConsumer:
         return self._c.stats
 
     def start(self) -> None:
-        self._bg.call(self._c.start())
+        """`AsyncPushConsumer.start`; when it raises, the background loop is closed too."""
+        try:
+            self._bg.call(self._c.start())
+        except BaseException:
+            with self._lock:
+                self._bg.close()
+            raise
 
     def lag(self) -> int:
         return self._bg.call(self._c.lag())

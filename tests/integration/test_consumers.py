@@ -18,6 +18,7 @@ from client import (
     AsyncPullConsumer,
     AsyncPushConsumer,
     ConsumeResult,
+    LedgerMQError,
     Producer,
     PullConsumer,
     PushConsumer,
@@ -343,3 +344,9 @@ def test_consumers_subscribe_with_a_tag_filter(env):
         assert len(every) == 64 and {m.tags for m in every} == set(tags)
         with pytest.raises(ValueError, match="filter_type"):
             c.pull("tagged", 0, 0, 64, filter_expression="a > 1", filter_type="SQL")
+
+    # SQL92 on a broker without enablePropertyFilter: the push consumer's start says so, at once.
+    sql = PushConsumer("g-tag-sql", "tagged", listener, ns, filter_expression="a > 1", filter_type="SQL92")
+    with pytest.raises(LedgerMQError) as refused, sql:
+        pass
+    assert refused.value.code == "FILTER_NOT_SUPPORTED", refused.value

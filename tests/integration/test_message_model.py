@@ -278,6 +278,47 @@ def test_tag_and_sql_filters_on_pull_and_receive(brokers: SetUnderTest) -> None:
     assert all(row["lag"] == 0 for row in offsets["offsets"]), offsets
 
 
+def test_the_sdk_push_consumer_subscribes_with_sql92_and_refuses_a_bad_expression_at_start(
+    brokers: SetUnderTest,
+) -> None:
+    """A RocketMQ developer's `PushConsumer` with an SQL92 subscription: only the matching
+    messages reach the listener; an expression the broker cannot parse fails `start()` with
+    ILLEGAL_FILTER_EXPRESSION (RocketMQ's client checks its subscription at start) instead of
+    logging a failed receive every second, and leaves no thread behind."""
+    import threading
+
+    from client.errors import LedgerMQError
+    from client.push import PushConsumer
+
+    brokers.topic("mm-push-sql", "NORMAL", queues=2)
+    brokers.send(
+        "mm-push-sql", [{"body": f"m{i}", "properties": {"a": str(i)}, "queueId": i % 2} for i in range(60)]
+    )
+    wait_http(f"http://{brokers.namesrv}/routes/mm-push-sql")
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(LedgerMQError) as bad:
+        PushConsumer("mm-push-sql-bad", "mm-push-sql", lambda m: None, brokers.namesrv,
+                     filter_expression="a >", filter_type="SQL92").start()
+    assert bad.value.code == "ILLEGAL_FILTER_EXPRESSION", bad.value
+    assert {t.name for t in threading.enumerate()} - before == set()  # its loop thread is gone
+
+    got: list[str] = []
+    lock = threading.Lock()
+
+    def listener(m) -> None:
+        with lock:
+            got.append(m.text)
+
+    with PushConsumer("mm-push-sql-g", "mm-push-sql", listener, brokers.namesrv, wait_ms=300,
+                      filter_expression="a BETWEEN 30 AND 39", filter_type="SQL92"):
+        deadline = time.monotonic() + 20
+        while len(got) < 10:
+            assert time.monotonic() < deadline, got
+            time.sleep(0.05)
+        time.sleep(0.5)  # nothing else arrives
+    assert sorted(got) == sorted(f"m{i}" for i in range(30, 40))
+
+
 FILTER_TAGS = ["TagA", "abc", "42", "true", "1.5", "x"]
 
 
