@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from client import Message, Producer, SimpleConsumer, TransactionResolution
+from client import ConsumeResult, Message, Producer, PushConsumer, SimpleConsumer, TransactionResolution
 from client.errors import BadRequestError, LedgerMQError, ProducerBufferFullError, SendOutcomeUnknownError
 from client.outcome import Delivery, delivery_of
 from client.producer import AsyncProducer
@@ -244,6 +244,54 @@ async def test_fifo_groups_keep_their_send_order_through_batching_and_reach_cons
             if msgs:
                 await asyncio.to_thread(c.ack, *msgs)
     assert got == {g: [f"{g}/{i}" for i in range(50)] for g in groups}
+
+
+def test_a_push_consumer_with_many_threads_handles_each_fifo_group_in_send_order(single):
+    """A RocketMQ developer's FIFO pipeline: a producer sends 5 groups x 40 batched messages, a
+    `PushConsumer` with 20 handler threads and a slow listener handles them — each group strictly
+    in send order, never two of a group at once, and a message its listener fails comes back (attempt
+    2) before the rest of its group goes on."""
+    _, ns, broker = single
+    create(broker, ns, "fifo-push", 4, "FIFO")
+    groups = [f"order-{i}" for i in range(5)]
+    with Producer(ns) as p:
+        futures = [p.send_async("fifo-push", f"{g}/{i}", message_group=g) for i in range(40) for g in groups]
+        p.flush()
+        assert all(f.result().queue_offset >= 0 for f in futures)
+
+    lock = threading.Lock()
+    handled: dict[str, list[str]] = {g: [] for g in groups}
+    busy: set[str] = set()
+    overlaps: list[str] = []
+    failed_once: list[tuple[str, int]] = []
+
+    def listener(m):
+        g = m.message_group
+        with lock:
+            if g in busy:
+                overlaps.append(m.text)
+            busy.add(g)
+        try:
+            time.sleep(0.002)
+            if m.text == "order-2/7" and m.attempt == 1:
+                failed_once.append((m.text, m.attempt))
+                return ConsumeResult.FAILURE
+            with lock:
+                handled[g].append(m.text)
+            return ConsumeResult.SUCCESS
+        finally:
+            with lock:
+                busy.discard(g)
+
+    with PushConsumer("g-fifo-push", "fifo-push", listener, ns, wait_ms=300, consume_thread_count=20,
+                      retry_backoff_ms=100):
+        deadline = time.monotonic() + 60
+        while sum(map(len, handled.values())) < 200:
+            assert time.monotonic() < deadline, {g: len(v) for g, v in handled.items()}
+            time.sleep(0.05)
+    assert overlaps == []
+    assert failed_once == [("order-2/7", 1)]
+    assert handled == {g: [f"{g}/{i}" for i in range(40)] for g in groups}
 
 
 def test_the_blocking_producer_recalls_a_delayed_message(single):
