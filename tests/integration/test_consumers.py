@@ -350,3 +350,11 @@ def test_consumers_subscribe_with_a_tag_filter(env):
     with pytest.raises(LedgerMQError) as refused, sql:
         pass
     assert refused.value.code == "FILTER_NOT_SUPPORTED", refused.value
+    # ... and the simple consumer's first receive, a pull: the same refusal, raised to the caller.
+    with SimpleConsumer("g-tag-sql", "tagged", ns, filter_expression="a > 1", filter_type="SQL92") as c:
+        with pytest.raises(LedgerMQError) as refused:
+            c.receive(32, 100)
+        assert refused.value.code == "FILTER_NOT_SUPPORTED", refused.value
+    with PullConsumer(ns) as c, pytest.raises(LedgerMQError) as refused:
+        c.pull("tagged", 0, 0, 64, filter_expression="a > 1", filter_type="SQL92")
+    assert refused.value.code == "FILTER_NOT_SUPPORTED", refused.value
