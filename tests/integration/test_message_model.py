@@ -17,6 +17,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,7 +27,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from client.errors import LedgerMQError
 from client.mqadmin import main as run_mqadmin
+from client.push import PushConsumer
 from tests.fault.history import History
 from tests.fault.msgmodel_checkers import fifo_order
 from tests.integration._ledgermq_procs import (
@@ -285,11 +288,6 @@ def test_the_sdk_push_consumer_subscribes_with_sql92_and_refuses_a_bad_expressio
     messages reach the listener; an expression the broker cannot parse fails `start()` with
     ILLEGAL_FILTER_EXPRESSION (RocketMQ's client checks its subscription at start) instead of
     logging a failed receive every second, and leaves no thread behind."""
-    import threading
-
-    from client.errors import LedgerMQError
-    from client.push import PushConsumer
-
     brokers.topic("mm-push-sql", "NORMAL", queues=2)
     brokers.send(
         "mm-push-sql", [{"body": f"m{i}", "properties": {"a": str(i)}, "queueId": i % 2} for i in range(60)]
