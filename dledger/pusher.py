@@ -291,11 +291,20 @@ class DLedgerEntryPusher:
         store = self.store
         if quorum_index > store.committed_index and quorum_index >= self.first_index_of_term:
             store.update_committed_index(self.term, quorum_index)
+            # The appenders first, then the listeners (the state machine callers): both wake-ups
+            # run in the loop's next pass, in this order, so an appender's answer leaves before
+            # the apply of what it appended, and that apply still runs before the loop reads
+            # anything sent after the answer.
+            self._answer_committed()
             for listener in self.commit_listeners:
                 listener()
             for d in self.dispatchers.values():
                 d.wake.set()
-        committed = store.committed_index
+        else:
+            self._answer_committed()
+
+    def _answer_committed(self) -> None:
+        committed = self.store.committed_index
         pending = self.pending
         while pending and pending[0].index <= committed:
             p = pending.popleft()

@@ -124,7 +124,7 @@ class ProduceService:
                     while end < n and queue_ids[end] == queue_ids[start]:
                         end += 1
                     batch = msgs if start == 0 and end == n else msgs[start:end]
-                    results += await put_messages(topic, batch, queue_ids[start])
+                    results += await put_messages(topic, batch, queue_ids[start], await_dispatch=False)
                     start = end
                 return results
             while start < n:  # typed messages: each run to where the message model sends it
@@ -134,7 +134,7 @@ class ProduceService:
                     end += 1
                 run = routed[start:end]
                 puts = await put_messages(first.topic, [r.message for r in run], first.queue_id,
-                                          _system=first.system)
+                                          _system=first.system, await_dispatch=False)
                 results += [self.model.model.result(topic, r, p) for r, p in zip(run, puts, strict=True)]
                 start = end
         except DLedgerException as exc:

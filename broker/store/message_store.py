@@ -282,9 +282,9 @@ class DefaultMessageStore:
     # a single produce is ~15 us, and each layer of coroutine costs several percent of it).
 
     def put_messages(self, topic: str, msgs: list[Message], queue_id: int | None = None,
-                     *, _system: bool = False) -> Awaitable[list[PutResult]]:
+                     *, _system: bool = False, await_dispatch: bool = True) -> Awaitable[list[PutResult]]:
         """See `PutMessageService.put_messages`."""
-        return self.puts.put_messages(topic, msgs, queue_id, _system=_system)
+        return self.puts.put_messages(topic, msgs, queue_id, _system=_system, await_dispatch=await_dispatch)
 
     def put_messages_atomic(self, items: list[tuple[str, int | None, Message]]) -> Awaitable[list[PutResult]]:
         """See `PutMessageService.put_atomic`."""

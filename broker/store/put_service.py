@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -118,10 +117,17 @@ class PutMessageService:
         self._round_robin: dict[str, int] = {}
 
     async def put_messages(self, topic: str, msgs: list[Message], queue_id: int | None = None,
-                           *, _system: bool = False) -> list[PutResult]:
-        """Store a batch (all to one queue) and return once committed. A message whose idempotency
-        key was stored within `idempotencyWindowMs` is not stored again: its first result is
-        returned. Raises BrokerError; on an error nothing of the batch is stored."""
+                           *, _system: bool = False, await_dispatch: bool = True) -> list[PutResult]:
+        """Store a batch (all to one queue) and return once committed and, with `await_dispatch`,
+        dispatched here. A message whose idempotency key was stored within `idempotencyWindowMs`
+        is not stored again: its first result is returned. Raises BrokerError; on an error nothing
+        of the batch is stored.
+
+        `await_dispatch=False` is for a front-end that only answers its client with the results:
+        a committed entry's dispatch is then already queued on the loop and runs before anything
+        the client sends after the answer is read (`DLedgerEntryPusher` wakes the appender, then
+        the state machine, in one pass), so the client still reads its writes. Code that goes on
+        to read what the dispatch builds (consume queues, system state) awaits it."""
         cfg = self._writable_topic(topic, msgs, _system)
         if cfg is None:  # the topic's first message (no coroutine on the common path)
             cfg = await self.topics.writable(topic)
@@ -136,19 +142,15 @@ class PutMessageService:
                 self._release(claim)
                 claim.future.cancel()
             raise
-        stored = await self._append(topic, queue_id, bufs, claim) if bufs else []
+        stored = await self._append(topic, queue_id, bufs, claim, await_dispatch) if bufs else []
         if claim is not None:
-            # The dispatcher remembers every key as it dispatches (here: before `_append`
-            # answers); only when it lags are the keys remembered here, so a retry arriving
-            # before the dispatcher catches up finds them.
+            # The dispatcher remembers every key as it dispatches; until it has passed this
+            # batch the keys stay claimed, so a retry meanwhile gets this put's results.
             last = stored[-1] if stored else None
-            if last is not None and self.reput.reput_offset < last.commit_log_offset + last.store_size:
-                now = int(time.time() * 1000)
-                for i, res in zip(to_store, stored, strict=True):
-                    key = msgs[i].idempotency_key
-                    if key:
-                        self.idempotency.remember(topic, key, res, now)
-            self._release(claim)
+            if last is None:
+                self._release(claim)
+            else:
+                self.reput.when_dispatched(last.commit_log_offset + last.store_size, self._release, claim)
             claim.future.set_result(stored)
         if not waits and len(stored) == len(msgs):
             return stored
@@ -237,7 +239,7 @@ class PutMessageService:
                             max_message_size=self.config.max_message_size)
 
     async def _append(self, topic: str, queue_id: int, bufs: list[bytearray],
-                      claim: _Claim | None) -> list[PutResult]:
+                      claim: _Claim | None, await_dispatch: bool) -> list[PutResult]:
         """Append; if it fails, the puts waiting on keys this one claimed fail with it."""
         try:
             placed = await self.commit_log.put(topic, queue_id, bufs)
@@ -254,7 +256,9 @@ class PutMessageService:
                 BrokerCode.TIMEOUT, f"the first put with this idempotency key was interrupted "
                 f"({type(exc).__name__}); the outcome is unknown, retry", outcome="unknown"))
             raise
-        return await self._answer(placed)
+        if await_dispatch:
+            await self._await_own_dispatch(placed)
+        return self._answer(placed)
 
     async def put_atomic(self, items: list[tuple[str, int | None, Message]]) -> list[PutResult]:
         """Store messages of several topics and queues — (topic, queue id or None, message) — in
@@ -284,14 +288,16 @@ class PutMessageService:
                                        phys_offset=0, store_host=self.config.broker_addr,
                                        max_message_size=self.config.max_message_size))
         if not any(topic in self.reput.system for topic, _, _ in items):
-            return await self._answer(await self._put_many(bufs))
+            placed = await self._put_many(bufs)
+            await self._await_own_dispatch(placed)
+            return self._answer(placed)
         # A system record among them (a transaction's op record): a system-record write, held
         # back while a state snapshot is taken, so the snapshot is the state at its place.
         async with self.system_gate.write():
             placed = await self._put_many(bufs)
-            results = await self._answer(placed)
+            await self._await_own_dispatch(placed)
             await self.reput.wait_dispatched(placed[-1].phys + placed[-1].size)
-            return results
+            return self._answer(placed)
 
     async def _put_many(self, bufs: list[bytearray]) -> list[Placed]:
         try:
@@ -303,10 +309,9 @@ class PutMessageService:
             err.detail = f"{err.detail} ({exc.detail})"
             raise err from None
 
-    async def _answer(self, placed: list[Placed]) -> list[PutResult]:
-        # Committed; also wait (briefly) for our own dispatcher so a pull right after the answer
-        # sees the messages (the local log has dispatched them already). A slow dispatch never
-        # fails the put.
+    async def _await_own_dispatch(self, placed: list[Placed]) -> None:
+        """Committed; wait (briefly) for our own dispatcher too (the local log has dispatched
+        already). A slow dispatch never fails the put."""
         last = placed[-1]
         if self.reput.reput_offset < last.phys + last.size:
             try:
@@ -314,6 +319,8 @@ class PutMessageService:
             except BrokerError:
                 log.warning("event=dispatch_lagging phys=%d reput_offset=%d", last.phys,
                             self.reput.reput_offset)
+
+    def _answer(self, placed: list[Placed]) -> list[PutResult]:
         prefix = message_id_prefix(self.config.broker_addr)
         return [PutResult(f"{prefix}{phys:016X}", qid, qoff, phys, size)  # create_message_id, inlined
                 for (phys, size, qid, qoff) in placed]

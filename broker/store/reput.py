@@ -86,6 +86,8 @@ class ReputMessageService:
         # end position, popped as reput_offset advances (no per-put polling, no list scans).
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._waiter_seq = itertools.count()
+        # The same for plain callbacks (`when_dispatched`): no future, no timer.
+        self._callbacks: list[tuple[int, int, Callable[[Any], None], Any]] = []
 
     @property
     def readable_end(self) -> int:
@@ -110,10 +112,22 @@ class ReputMessageService:
         finally:
             timer.cancel()
 
+    def when_dispatched(self, phys_end: int, callback: Callable[[Any], None], arg: Any) -> None:
+        """Call `callback(arg)` once the dispatcher has passed `phys_end` (at once if it has), or
+        when the store stops."""
+        if self.reput_offset >= phys_end:
+            callback(arg)
+            return
+        heapq.heappush(self._callbacks, (phys_end, next(self._waiter_seq), callback, arg))
+
     def dispatch_done(self) -> None:
         """After a batch of dispatches: release `wait_dispatched` callers that are covered."""
-        heap = self._waiters
         reput = self.reput_offset
+        callbacks = self._callbacks
+        while callbacks and callbacks[0][0] <= reput:
+            _, _, callback, arg = heapq.heappop(callbacks)
+            callback(arg)
+        heap = self._waiters
         while heap and heap[0][0] <= reput:
             fut = heapq.heappop(heap)[2]
             if not fut.done():
@@ -123,11 +137,14 @@ class ReputMessageService:
             heapq.heapify(self._waiters)
 
     def fail_waiters(self, error: BrokerError) -> None:
-        """The store is stopping: every waiter gets `error`."""
+        """The store is stopping: every waiter gets `error`, every `when_dispatched` callback runs."""
         for _, _, fut in self._waiters:
             if not fut.done():
                 fut.set_exception(error)
         self._waiters.clear()
+        callbacks, self._callbacks = self._callbacks, []
+        for _, _, callback, arg in callbacks:
+            callback(arg)
 
     # ---- dispatching ----------------------------------------------------------------------------
 

@@ -279,3 +279,31 @@ def test_mqadmin_broker_status_shows_every_member_its_lag_and_a_dead_one(dset):
     assert mqadmin(["brokerStatus", "-n", ns], out=out) == 0
     assert out.getvalue().splitlines()[0].split()[:4] == ["brokerName", "brokerId", "addr", "role"]
     assert f"{follower}:" in out.getvalue() and "UNREACHABLE" in out.getvalue()
+
+
+def test_a_produce_is_readable_and_deduplicated_as_soon_as_it_is_answered(dset):
+    """The master answers a produce before it dispatches the batch into its consume queue (the
+    dispatch runs right after, before the next request is read): a pull, a search and a retry
+    sent the moment the answer arrives still see the batch, and the retry stores nothing."""
+    addrs = dset["addrs"]
+    murl = f"http://{addrs[wait_master(addrs)]}"
+    assert httpx.put(f"{murl}/topics/ryw", json={"readQueueNums": 2, "writeQueueNums": 2}).status_code == 200
+    rounds, per = 120, 16
+    with httpx.Client(base_url=murl) as c:  # one kept-alive connection, as a client's pool has
+        for i in range(rounds):
+            batch = [{"body": f"r{i}-{j}", "bodyEncoding": "utf-8", "idempotencyKey": f"ryw-{i}-{j}",
+                      "queueId": 0} for j in range(per)]  # what the SDK sends
+            batch[0]["keys"] = [f"order-{i}"]
+            first = c.post("/topics/ryw/messages", json={"messages": batch})
+            assert first.status_code == 200, first.text
+            results = first.json()["results"]
+            offset = results[0]["queueOffset"]
+            pulled = c.get("/topics/ryw/queues/0/messages",
+                           params={"offset": offset, "maxMessages": per, "waitMs": 0}).json()
+            assert [m["msgId"] for m in pulled["messages"]] == [r["msgId"] for r in results], i
+            found = c.get("/messages", params={"topic": "ryw", "key": f"order-{i}", "queueId": 0}).json()
+            assert [m["msgId"] for m in found["messages"]] == [results[0]["msgId"]], i
+            again = c.post("/topics/ryw/messages", json={"messages": batch})
+            assert again.status_code == 200 and again.json()["results"] == results, i
+        queues = {q["queueId"]: q["maxOffset"] for q in c.get("/topics/ryw").json()["queues"]}
+    assert queues[0] == rounds * per  # no retry stored anything

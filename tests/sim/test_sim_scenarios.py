@@ -16,9 +16,10 @@ from dledger.statemachine import StateMachine
 from tests.sim.cluster import SimCluster, SimMember
 
 
-def run(body: Callable[[SimCluster], Awaitable[None]], n: int = 3, seed: int = 1) -> None:
+def run(body: Callable[[SimCluster], Awaitable[None]], n: int = 3, seed: int = 1,
+        machine_factory: Callable[[], StateMachine] | None = None) -> None:
     async def main() -> None:
-        cluster = SimCluster(n=n, seed=seed)
+        cluster = SimCluster(n=n, seed=seed, machine_factory=machine_factory)
         await cluster.start()
         try:
             await body(cluster)
