@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -38,6 +39,9 @@ from broker.topics import TopicConfig, TopicConfigManager, is_system_topic, vali
 log = logging.getLogger("broker.store.message_store")
 
 _OWN_DISPATCH_WAIT_S = 2.0
+# Puts whose keys stay claimed until the dispatcher passes them; past this many it is stuck (its
+# failure is logged) and keys go to the table at once, which bounds the memory they hold.
+_MAX_PUTS_AWAITING_DISPATCH = 10_000
 
 
 class _Claim:
@@ -147,10 +151,16 @@ class PutMessageService:
             # The dispatcher remembers every key as it dispatches; until it has passed this
             # batch the keys stay claimed, so a retry meanwhile gets this put's results.
             last = stored[-1] if stored else None
-            if last is None:
-                self._release(claim)
-            else:
+            if last is not None and self.reput.callbacks_waiting < _MAX_PUTS_AWAITING_DISPATCH:
                 self.reput.when_dispatched(last.commit_log_offset + last.store_size, self._release, claim)
+            else:
+                if last is not None and self.reput.reput_offset < last.commit_log_offset + last.store_size:
+                    now = int(time.time() * 1000)
+                    for i, res in zip(to_store, stored, strict=True):
+                        key = msgs[i].idempotency_key
+                        if key:
+                            self.idempotency.remember(topic, key, res, now)
+                self._release(claim)
             claim.future.set_result(stored)
         if not waits and len(stored) == len(msgs):
             return stored

@@ -112,6 +112,11 @@ class ReputMessageService:
         finally:
             timer.cancel()
 
+    @property
+    def callbacks_waiting(self) -> int:
+        """`when_dispatched` callbacks not called yet."""
+        return len(self._callbacks)
+
     def when_dispatched(self, phys_end: int, callback: Callable[[Any], None], arg: Any) -> None:
         """Call `callback(arg)` once the dispatcher has passed `phys_end` (at once if it has), or
         when the store stops."""

@@ -197,3 +197,42 @@ async def test_restart_redispatches_an_entry_its_queue_held_only_in_part(tmp_pat
             assert c.store.consume_queues[("Part", 0)].get_units(0, 100) == expected
     finally:
         await bounded("shutdown", [c.shutdown() for c in ctls])
+
+
+async def test_a_stuck_dispatcher_bounds_the_claimed_keys_and_loses_no_deduplication(group, monkeypatch):
+    """The master answers keyed puts before its own dispatch and keeps their keys claimed until the
+    dispatcher passes them. With the dispatcher failing (every apply raises), the claims of at most
+    `_MAX_PUTS_AWAITING_DISPATCH` puts wait; later puts hand their keys to the table at once. A
+    retry of any of them, claimed or tabled, gets the first results and stores nothing; once the
+    dispatcher recovers every message is in the consume queue once and no claim is left."""
+    from broker.store import put_service
+
+    monkeypatch.setattr(put_service, "_MAX_PUTS_AWAITING_DISPATCH", 3)
+    await wait_for(lambda: any(c.is_master for c in group), what="a master")
+    master = next(c for c in group if c.is_master)
+    store = master.store
+    await store.put_messages("Stuck", [Message("Stuck", b"warm")], 0)
+    reput = store.reput
+    real = reput.dispatch_packed
+
+    def failing(data, base):  # the dispatch of every entry fails, as a broken apply would
+        raise RuntimeError("dispatch broken for the test")
+
+    monkeypatch.setattr(reput, "dispatch_packed", failing)
+
+    def batch(i: int) -> list[Message]:
+        return [Message("Stuck", f"s{i}-{j}".encode(), idempotency_key=f"stuck-{i}-{j}") for j in range(4)]
+
+    first = [await store.put_messages("Stuck", batch(i), 0, await_dispatch=False) for i in range(6)]
+    assert reput.callbacks_waiting == 3
+    pending = store.puts._pending.get("Stuck", {})
+    assert len(pending) == 3 * 4  # the first three puts' keys: claimed; the other three: in the table
+    for i in range(6):
+        assert await store.put_messages("Stuck", batch(i), 0, await_dispatch=False) == first[i]
+
+    monkeypatch.setattr(reput, "dispatch_packed", real)
+    await wait_for(lambda: store.max_offset("Stuck", 0) == 1 + 6 * 4, what="the dispatcher recovered")
+    assert reput.callbacks_waiting == 0 and not store.puts._pending.get("Stuck")
+    for i in range(6):  # and the table answers for every key now
+        assert await store.put_messages("Stuck", batch(i), 0, await_dispatch=False) == first[i]
+    assert store.max_offset("Stuck", 0) == 1 + 6 * 4
