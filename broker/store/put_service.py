@@ -150,16 +150,17 @@ class PutMessageService:
         if claim is not None:
             # The dispatcher remembers every key as it dispatches; until it has passed this
             # batch the keys stay claimed, so a retry meanwhile gets this put's results.
-            last = stored[-1] if stored else None
-            if last is not None and self.reput.callbacks_waiting < _MAX_PUTS_AWAITING_DISPATCH:
-                self.reput.when_dispatched(last.commit_log_offset + last.store_size, self._release, claim)
-            else:
-                if last is not None and self.reput.reput_offset < last.commit_log_offset + last.store_size:
-                    now = int(time.time() * 1000)
-                    for i, res in zip(to_store, stored, strict=True):
-                        key = msgs[i].idempotency_key
-                        if key:
-                            self.idempotency.remember(topic, key, res, now)
+            end = stored[-1].commit_log_offset + stored[-1].store_size if stored else 0
+            if self.reput.reput_offset >= end:
+                self._release(claim)
+            elif self.reput.callbacks_waiting < _MAX_PUTS_AWAITING_DISPATCH:
+                self.reput.when_dispatched(end, self._release, claim)
+            else:  # the dispatcher is stuck: the keys go to the table now
+                now = int(time.time() * 1000)
+                for i, res in zip(to_store, stored, strict=True):
+                    key = msgs[i].idempotency_key
+                    if key:
+                        self.idempotency.remember(topic, key, res, now)
                 self._release(claim)
             claim.future.set_result(stored)
         if not waits and len(stored) == len(msgs):
