@@ -1,6 +1,7 @@
 """The broker's HTTP hot path in one process, without sockets or load generators: CPU microseconds
 per request for a produce of 100 x 1 KB, the same with an SDK-shaped idempotency key on every
-message (a fresh one each: the key table fills as it does behind the SDK), and a pull of 256,
+message (a fresh one each: the key table fills as it does behind the SDK), a pull of 256, and a
+group's receive of 32 with the ack of what it got (the path of `SimpleConsumer` and `PushConsumer`),
 through the ASGI app (HotPath, the services, the codec) on a real local-mode store in a temporary
 directory — or, with `--dledger`, a one-member DLedger group (the commit log of a broker set: entries,
 the append hook, the packed dispatch).
@@ -130,6 +131,38 @@ async def _round(requests: int, dledger: bool) -> dict[str, float]:
             query = b"offset=%d&maxMessages=256" % offset
             await app(_scope("GET", "/topics/t/queues/0/messages", query), receive, send)
 
+        async def post(path: str, doc: dict) -> bytes:
+            """A POST through the app; the answer's body."""
+            body = orjson.dumps(doc)
+            chunks = [{"type": "http.request", "body": body, "more_body": False}]
+            out: list[bytes] = []
+
+            async def receive() -> dict:
+                return chunks.pop() if chunks else {"type": "http.disconnect"}
+
+            async def collect(msg: dict) -> None:
+                await send(msg)
+                if msg["type"] == "http.response.body":
+                    out.append(msg.get("body", b""))
+
+            scope = _scope("POST", path, headers=((b"content-length", b"%d" % len(body)),))
+            await app(scope, receive, collect)
+            return b"".join(out)
+
+        async def receive_and_ack() -> int:
+            """One receive of 32 for group g, then the ack of every handle it got."""
+            answer = orjson.loads(await post(
+                "/consumers/g/receive", {"topic": "t", "maxMessages": 32, "invisibleMs": 60_000, "waitMs": 0}
+            ))
+            if "messages" not in answer:
+                raise RuntimeError(f"a receive was refused: {answer}")
+            got = answer["messages"]
+            handles = [m["receiptHandle"] for m in got]
+            answer = orjson.loads(await post("/consumers/g/ack", {"topic": "t", "receiptHandles": handles}))
+            if any(r["status"] != "OK" for r in answer["results"]):
+                raise RuntimeError(f"an ack was refused: {answer}")
+            return len(got)
+
         try:
             for _ in range(20):  # warm-up: topics auto-created, first files mapped
                 await produce("/topics/t/messages", plain)
@@ -141,12 +174,25 @@ async def _round(requests: int, dledger: bool) -> dict[str, float]:
                 keyed_s += await produce("/topics/k/messages", keyed())
             produce_us, keyed_us = plain_s / requests * 1e6, keyed_s / requests * 1e6
             stored = (requests + 20) * 100
+            # A produce is answered once committed, before its dispatch into the consume queue:
+            # the reads start once the dispatcher has caught up.
+            caught_up = time.monotonic() + 30
+            while controller.store.max_offset("t", 0) < stored:
+                if time.monotonic() > caught_up:
+                    held = controller.store.max_offset("t", 0)
+                    raise RuntimeError(f"t/0 holds {held} of {stored} messages after 30 s")
+                await asyncio.sleep(0.01)
             pulls = 0
             t0 = time.process_time()
             for offset in range(0, stored - 255, 256):
                 await pull(offset)
                 pulls += 1
             pull_us = (time.process_time() - t0) / pulls * 1e6
+            received = 0
+            t0 = time.process_time()
+            for _ in range(min(requests, stored // 32)):
+                received += await receive_and_ack()
+            receive_us = (time.process_time() - t0) / received * 32 * 1e6
         finally:
             await controller.shutdown()
         if statuses != {200}:
@@ -156,6 +202,7 @@ async def _round(requests: int, dledger: bool) -> dict[str, float]:
             "produce_keyed_batch100_cpu_us": keyed_us,
             "keyed_vs_plain": keyed_us / produce_us,
             "pull256_cpu_us": pull_us,
+            "receive32_ack_cpu_us": receive_us,
         }
 
 

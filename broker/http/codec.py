@@ -271,11 +271,17 @@ _head_fields = operator.itemgetter(*(MessageHead._fields.index(name) for name in
 
 
 def message_json_view(
-    view: memoryview, head: MessageHead, topic_at: int, props_at: int, force_base64: bool = False
+    view: memoryview,
+    head: MessageHead,
+    topic_at: int,
+    props_at: int,
+    force_base64: bool = False,
+    message_id: bool = False,
 ) -> dict[str, Any]:
     """`message_json` built straight from a stored message's bytes (validated by the store's
     `read_messages`): no `MessageExt`, no body copy before the text decode, and a message whose
-    only property is UNIQ_KEY (the bulk case) skips the properties parse."""
+    only property is UNIQ_KEY (the bulk case) skips the properties parse. `messageId` only when
+    `message_id` (pull pages leave it out)."""
     total, queue_id, queue_offset, phys, born_ts, store_ts, store_ip, store_port, reconsume = _head_fields(
         head
     )
@@ -290,17 +296,20 @@ def message_json_view(
     raw = bytes(view[props_at + 2 : total])
     if raw.startswith(_UNIQ_ONLY) and raw.count(b"\x02") == 1 and raw.endswith(b"\x02"):
         tags, keys, user = None, [], {}
+        # Decoded as leniently as `bytes_to_properties` would: the same string either way.
+        uniq = str(raw[len(_UNIQ_ONLY) : -1], "utf-8", "replace") if message_id else None
     else:
         props = bytes_to_properties(raw)
         keys_raw = props.get(PROPERTY_KEYS)
         tags = props.get(PROPERTY_TAGS)
         keys = [k for k in keys_raw.split(KEY_SEPARATOR) if k] if keys_raw else []
         user = {k: v for k, v in props.items() if k not in _SYSTEM_PROPERTIES}
+        uniq = props.get(PROPERTY_UNIQ_KEY)
     host = (store_ip, store_port)
     prefix = _HOST_PREFIX.get(host)
     if prefix is None:
         prefix = _HOST_PREFIX[host] = (store_ip + store_port.to_bytes(4, "big")).hex().upper()
-    return {
+    doc = {
         "msgId": f"{prefix}{phys:016X}",  # = create_message_id(store_host, phys)
         "topic": str(view[topic_at + 1 : props_at], "utf-8", "replace"),
         "queueId": queue_id,
@@ -315,6 +324,9 @@ def message_json_view(
         "storeTimestamp": store_ts,
         "reconsumeTimes": reconsume,
     }
+    if message_id:
+        doc["messageId"] = uniq
+    return doc
 
 
 # ---- binary pull format: wire/pullpage.py (the layout, for the broker and both readers) ----

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Path, Request
 from starlette.responses import Response
 
 from broker.http.acl import account_of
-from broker.http.codec import message_json
+from broker.http.codec import message_json, message_json_view
 from broker.http.schemas import (
     PROBLEM_RESPONSES,
     AckIn,
@@ -27,8 +27,9 @@ from broker.http.schemas import (
     ReceiveOut,
     SettleOut,
 )
+from broker.message import MessageHead
 from broker.service import Account, AckResult, BrokerServices, ClientProtocol, ReceivedMessage
-from broker.service.pop import GROUP_NAME_RE, MAX_GROUP_LENGTH
+from broker.service.pop import GROUP_NAME_RE, MAX_GROUP_LENGTH, Rendering
 
 GroupPath = Annotated[str, Path(min_length=1, max_length=MAX_GROUP_LENGTH, pattern=GROUP_NAME_RE.pattern)]
 
@@ -41,9 +42,19 @@ def _raw_json(body: bytes) -> Response:
     return Response(body, media_type="application/json")
 
 
+def _received_view(view: memoryview, head: MessageHead, topic_at: int, props_at: int) -> dict[str, Any]:
+    return message_json_view(view, head, topic_at, props_at, message_id=True)
+
+
+# A receive's messages rendered as `message_json` shows them, from the stored bytes where it can.
+RECEIVED_JSON = Rendering(_received_view, message_json)
+
+
 def received_json(received: ReceivedMessage) -> dict[str, Any]:
-    """A received message as the API shows it: the message, its receipt handle and redeliveries."""
-    doc = message_json(received.message)
+    """A received message as the API shows it: the message (as `RECEIVED_JSON` rendered it, or a
+    `MessageExt`), its receipt handle and redeliveries."""
+    m = received.message
+    doc = m if isinstance(m, dict) else message_json(m)
     doc["reconsumeTimes"] = received.reconsume_times
     doc["receiptHandle"] = received.receipt_handle
     return doc
@@ -118,7 +129,8 @@ class ConsumerHandlers:
         if body.filterType is not None or body.filterExpression is not None:
             message_filter = services.message_model.message_filter(body.filterType, body.filterExpression)
         got = await services.pop.receive(
-            account, group, body.topic, body.maxMessages, body.invisibleMs, body.waitMs, message_filter
+            account, group, body.topic, body.maxMessages, body.invisibleMs, body.waitMs, message_filter,
+            RECEIVED_JSON,
         )
         return orjson.dumps({"messages": [received_json(r) for r in got]})
 

@@ -44,13 +44,15 @@ import logging
 import re
 import secrets
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from broker.errors import BrokerCode, BrokerError, invalid
 from broker.fifo import PROPERTY_SHARDING_KEY, FifoGate
 from broker.filter import MessageFilter
-from broker.message import Message, MessageExt
+from broker.message import Message, MessageExt, MessageHead
 from broker.message_type import TopicMessageType, topic_message_type
 from broker.service.acl import AccessControl, Account, Right
 from broker.service.message_model import MessageModelService
@@ -58,6 +60,7 @@ from broker.service.metrics import BrokerMetrics
 from broker.service.pop_state import SYS_POP_STATE, PopStateReplica
 from broker.service.state import BrokerState
 from broker.service.trace import DeliveryEvent, DeliveryTrace
+from broker.store.get_service import DEFAULT_PULL_BYTES, decode_ext
 from broker.topics import validate_topic
 from wire.limits import MAX_RECEIVE_MESSAGES
 
@@ -84,6 +87,7 @@ RECENT_ACKS_PER_QUEUE = 1024
 # A receipt handle: "{master epoch}.{queue id}.{queue offset}.{delivery id}", at most 128 chars.
 _HANDLE = re.compile(r"([^.]*)\.([0-9]+)\.([0-9]+)\.([0-9]+)", re.ASCII)
 _Handle = tuple[str, int, int, int]  # (epoch, queue id, queue offset, delivery id)
+_tuple_new = tuple.__new__
 
 
 class AckStatus(enum.StrEnum):
@@ -93,11 +97,25 @@ class AckStatus(enum.StrEnum):
     EXPIRED = "EXPIRED"  # redelivered, dead-lettered, expired from disk, or another master's
 
 
+class Rendering(NamedTuple):
+    """How `receive` hands a message out: `from_view(view, head, topic_at, props_at)` makes it
+    straight from the store's validated bytes (`read_messages`' build: a front-end renders its
+    answer there, with no `MessageExt` in between), `from_ext` from a `MessageExt` (a message read
+    back for redelivery, or whose properties the receive needed: an orderly group's)."""
+
+    from_view: Callable[[memoryview, MessageHead, int, int], Any]
+    from_ext: Callable[[MessageExt], Any]
+
+
+# The default: every message as a `MessageExt`.
+AS_MESSAGE_EXT = Rendering(decode_ext, lambda m: m)
+
+
 class ReceivedMessage(NamedTuple):
     """One message handed out by `receive`: invisible to the group until `receipt_handle` is
     acked, nacked or its invisible time passes."""
 
-    message: MessageExt
+    message: Any  # a MessageExt, or what the receive's `Rendering` made of it
     receipt_handle: str
     reconsume_times: int
 
@@ -125,8 +143,9 @@ class QueueState:
     # and redelivery counts recorded by an earlier master.
     acked: set[int] = field(default_factory=set)
     reconsume_base: dict[int, int] = field(default_factory=dict)
-    # offset → delivery id of its OK ack on this master (bounded, oldest first).
-    recent_acks: dict[int, int] = field(default_factory=dict)
+    # offset → delivery id of its OK ack on this master (bounded, oldest first: an OrderedDict,
+    # since dropping a plain dict's first key scans the holes left by the keys dropped before).
+    recent_acks: OrderedDict[int, int] = field(default_factory=OrderedDict)
     # An orderly group's per-message-group order: messages read but held behind their group's head.
     gate: FifoGate | None = None
 
@@ -141,9 +160,10 @@ class QueueState:
 
     def remember_ack(self, offset: int, delivery_id: int) -> None:
         """Record an OK ack, so a retry with the same handle (and only that one) answers OK."""
-        self.recent_acks[offset] = delivery_id
-        if len(self.recent_acks) > RECENT_ACKS_PER_QUEUE:
-            del self.recent_acks[next(iter(self.recent_acks))]
+        recent = self.recent_acks
+        recent[offset] = delivery_id
+        if len(recent) > RECENT_ACKS_PER_QUEUE:
+            recent.popitem(last=False)
 
 
 @dataclass
@@ -164,6 +184,7 @@ class _Batch:
     invisible_ms: int
     message_filter: MessageFilter | None = None
     retry_max_times: int = 16
+    render: Rendering = AS_MESSAGE_EXT
     out: list[ReceivedMessage] = field(default_factory=list)
     recounts: dict[int, dict[int, int]] = field(default_factory=dict)  # qid → offset → count
     dead: dict[int, list[int]] = field(default_factory=dict)  # qid → offsets settled without ack
@@ -172,8 +193,7 @@ class _Batch:
         return len(self.out) >= self.max_messages
 
 
-@dataclass(frozen=True)
-class _Found:
+class _Found(NamedTuple):
     """A receipt handle looked up: `status` is OK (live), ACKED (this very handle was acked) or
     EXPIRED (redelivered, dead-lettered, expired from disk, another master, unknown queue)."""
 
@@ -392,11 +412,13 @@ class PopService:
         invisible_ms: int,
         wait_ms: int,
         message_filter: MessageFilter | None = None,
+        render: Rendering = AS_MESSAGE_EXT,
     ) -> list[ReceivedMessage]:
         """Up to `max_messages` messages of `topic` for `group`, each invisible to the group for
         `invisible_ms`; when there are none, wait up to `wait_ms` (capped by
         brokerSuspendMaxTimeMillis) for one. `message_filter` (`MessageModelService
-        .message_filter`): only matching messages are handed out, the others settle at once."""
+        .message_filter`): only matching messages are handed out, the others settle at once.
+        `render`: what each handed-out message is (a `MessageExt` by default)."""
         _in_range("maxMessages", max_messages, 1, MAX_RECEIVE_MESSAGES)
         _in_range("invisibleMs", invisible_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
         _in_range("waitMs", wait_ms, 0, MAX_RECEIVE_WAIT_MS)
@@ -407,7 +429,8 @@ class PopService:
         deadline = time.monotonic() + min(wait_ms, self.config.broker_suspend_max_time_millis) / 1000
         while True:
             st = self._state(group, topic)
-            batch = _Batch(max_messages, invisible_ms, message_filter, self.model.retry_max_times(group))
+            retry_max = self.model.retry_max_times(group)
+            batch = _Batch(max_messages, invisible_ms, message_filter, retry_max, render)
             out = await self._collect(group, topic, st, batch)
             remaining = deadline - time.monotonic()
             if out or remaining <= 0 or not self.config.long_polling_enable:
@@ -478,7 +501,9 @@ class PopService:
                 continue
             fl.reconsume_times += 1
             batch.recounts.setdefault(qid, {})[off] = fl.reconsume_times
-            batch.out.append(self._deliver(group, qid, off, fl, msg, _now_ms() + batch.invisible_ms))
+            now = _now_ms()
+            item = batch.render.from_ext(msg)
+            batch.out.append(self._deliver(topic, group, qid, off, fl, item, now, now + batch.invisible_ms))
         if gone:
             log.warning(
                 "event=pop_inflight_expired group=%s topic=%s queueId=%d offsets=%s minOffset=%d",
@@ -509,31 +534,42 @@ class PopService:
             qs.reconsume_base = {o: n for o, n in qs.reconsume_base.items() if o >= lo}
         now = _now_ms()
         gate = qs.gate
+        render = batch.render
+        # An orderly group needs each message's properties (its message group): a MessageExt.
+        build = render.from_view if gate is None else decode_ext
+
+        def build_with_offset(view: memoryview, head: MessageHead, topic_at: int, props_at: int) -> tuple:
+            return head.queue_offset, build(view, head, topic_at, props_at)
+
         while (
             not batch.full()
             and qs.read_ptr < store.max_offset(topic, qid)
             and (gate is None or gate.can_read_more())
         ):
-            res = store.get_messages(
+            res = store.read_messages(
                 topic,
                 qid,
                 qs.read_ptr,
                 batch.max_messages - len(batch.out),
-                message_filter=batch.message_filter,
+                DEFAULT_PULL_BYTES,
+                batch.message_filter,
+                build_with_offset,
             )
-            for msg in res.messages:
-                off = msg.queue_offset
+            for off, item in res.messages:
                 if off in qs.acked:
                     qs.acked.discard(off)
                     continue
-                if gate is not None and not gate.admit(off, msg.properties.get(PROPERTY_SHARDING_KEY)):
-                    continue  # behind its message group's head: handed out once that settles
+                if gate is not None:
+                    if not gate.admit(off, item.properties.get(PROPERTY_SHARDING_KEY)):
+                        continue  # behind its message group's head: handed out once that settles
+                    item = render.from_ext(item)
                 base = qs.reconsume_base.pop(off, 0)
                 fl = Inflight(0, base + 1 if base else 0, 0)
                 if base:
                     batch.recounts.setdefault(qid, {})[off] = fl.reconsume_times
                 qs.inflight[off] = fl
-                batch.out.append(self._deliver(group, qid, off, fl, msg, now + batch.invisible_ms))
+                until = now + batch.invisible_ms
+                batch.out.append(self._deliver(topic, group, qid, off, fl, item, now, until))
             if res.next_offset <= qs.read_ptr:
                 break
             qs.read_ptr = res.next_offset
@@ -558,16 +594,21 @@ class PopService:
                 if base:
                     batch.recounts.setdefault(qid, {})[off] = fl.reconsume_times
                 qs.inflight[off] = fl
-                batch.out.append(self._deliver(group, qid, off, fl, msg, now + batch.invisible_ms))
+                item = batch.render.from_ext(msg)
+                until = now + batch.invisible_ms
+                batch.out.append(self._deliver(topic, group, qid, off, fl, item, now, until))
 
     def _deliver(
-        self, group: str, qid: int, off: int, fl: Inflight, msg: MessageExt, until_ms: int
+        self, topic: str, group: str, qid: int, off: int, fl: Inflight, item: Any, now_ms: int, until_ms: int
     ) -> ReceivedMessage:
         fl.invisible_until_ms = until_ms
-        fl.delivery_id = self._new_delivery_id()
-        event = DeliveryEvent.REDELIVERED if fl.reconsume_times else DeliveryEvent.RECEIVED
-        self.trace.record((msg.topic, qid, off), group, event, fl.reconsume_times)
-        return ReceivedMessage(msg, self._handle(qid, off, fl.delivery_id), fl.reconsume_times)
+        fl.delivery_id = delivery = self._next_delivery
+        self._next_delivery = delivery + 1
+        times = fl.reconsume_times
+        event = DeliveryEvent.REDELIVERED if times else DeliveryEvent.RECEIVED
+        self.trace.record((topic, qid, off), group, event, times, now_ms)
+        # tuple.__new__: a NamedTuple's own constructor is Python code (= `_handle`'s format).
+        return _tuple_new(ReceivedMessage, (item, f"{self.epoch}.{qid}.{off}.{delivery}", times))
 
     async def _wait(self, topic: str, st: GroupTopicState, remaining_s: float) -> None:
         """Sleep until a queue gets a new message (dispatcher wake-up), an in-flight message turns
@@ -731,6 +772,8 @@ class PopService:
         statuses: list[AckStatus] = []
         settled: dict[int, list[int]] = {}
         acked_now: dict[str, _Found] = {}
+        now = _now_ms()
+        record = self.trace.record
         for h, ph in zip(handles, parsed, strict=True):
             if h in acked_now:  # the same handle twice in one request: one ack
                 statuses.append(AckStatus.OK)
@@ -741,7 +784,7 @@ class PopService:
                 found.qs.settled(found.offset)
                 settled.setdefault(found.queue_id, []).append(found.offset)
                 acked_now[h] = found
-                self.trace.record(found.key(topic), group, DeliveryEvent.ACKED, fl.reconsume_times)
+                record(found.key(topic), group, DeliveryEvent.ACKED, fl.reconsume_times, now)
             statuses.append(AckStatus.EXPIRED if found.status == "EXPIRED" else AckStatus.OK)
         await self._settle(group, topic, st, settled)
         if settled and st.orderly:

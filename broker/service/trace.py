@@ -38,30 +38,48 @@ class TraceRecord(NamedTuple):
 
 
 _Key = tuple[str, int, int]  # topic, queue id, queue offset
+# An event as stored: (at_ms, group, its index in _EVENTS, reconsume_times): ints and a str only.
+_Stored = tuple[int, str, int, int]
+_EVENTS = tuple(DeliveryEvent)
+_EVENT_INDEX = {e: i for i, e in enumerate(_EVENTS)}
 _tuple_new = tuple.__new__
 
 
 class DeliveryTrace:
-    """(topic, queue, offset) → the events of that message, for the last `max_messages` messages."""
+    """(topic, queue, offset) → the events of that message, for the last `max_messages` messages.
+
+    Kept as tuples of ints and strings only (an event as its index in `DeliveryEvent`, a message's
+    events as one tuple replaced on each event): the cyclic collector stops tracking such tuples
+    while they are young, so the traced messages never pile up in the old generation, where each
+    full collection would walk every one of them again."""
 
     def __init__(self, clock_ms: Callable[[], int], max_messages: int = MAX_TRACED_MESSAGES) -> None:
         self.clock_ms = clock_ms
         self.max_messages = max_messages
-        self._events: OrderedDict[_Key, list[TraceRecord]] = OrderedDict()
+        self._events: OrderedDict[_Key, tuple[_Stored, ...]] = OrderedDict()
 
-    def record(self, key: _Key, group: str, event: DeliveryEvent, reconsume_times: int) -> None:
-        """Note that `event` happened now to message `key` = (topic, queue id, queue offset)."""
-        events = self._events.get(key)
-        if events is None:
-            events = self._events[key] = []
-            if len(self._events) > self.max_messages:
-                self._events.popitem(last=False)
-        # tuple.__new__: a NamedTuple's own constructor is Python code, twice the cost here.
-        events.append(_tuple_new(TraceRecord, (self.clock_ms(), group, event, reconsume_times)))
+    def record(
+        self, key: _Key, group: str, event: DeliveryEvent, reconsume_times: int, at_ms: int | None = None
+    ) -> None:
+        """Note that `event` happened to message `key` = (topic, queue id, queue offset) at `at_ms`
+        (now when None: a caller recording many events at once reads the clock once)."""
+        stored = (self.clock_ms() if at_ms is None else at_ms, group, _EVENT_INDEX[event], reconsume_times)
+        events = self._events
+        before = events.get(key)
+        if before is None:
+            events[key] = (stored,)
+            if len(events) > self.max_messages:
+                events.popitem(last=False)
+        else:
+            events[key] = (*before, stored)
 
     def events(self, topic: str, queue_id: int, offset: int) -> list[TraceRecord]:
         """The message's events in the order they happened (empty when never traced here)."""
-        return list(self._events.get((topic, queue_id, offset), ()))
+        # tuple.__new__: a NamedTuple's own constructor is Python code, twice the cost here.
+        return [
+            _tuple_new(TraceRecord, (at, group, _EVENTS[event], times))
+            for at, group, event, times in self._events.get((topic, queue_id, offset), ())
+        ]
 
     def drop_topic(self, topic: str) -> None:
         """Forget a deleted topic's messages (a re-created topic reuses their offsets)."""

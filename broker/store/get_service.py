@@ -55,7 +55,8 @@ class GetResult:
     max_offset: int
 
 
-def _decode_ext(view: memoryview, head: MessageHead, topic_at: int, props_at: int) -> MessageExt:
+def decode_ext(view: memoryview, head: MessageHead, topic_at: int, props_at: int) -> MessageExt:
+    """`read_messages`' build for a `MessageExt` (what `get_messages` returns)."""
     return message_ext_from(view, head, topic_at, props_at, head.physical_offset)  # checked by read_messages
 
 
@@ -104,7 +105,7 @@ class GetMessageService:
         a message that does not match is never returned; the units it skips still move
         `next_offset`. OFFSET_OUT_OF_RANGE outside [min, max]."""
         return self.read_messages(topic, queue_id, offset, max_messages, max_bytes, message_filter,
-                                  _decode_ext)
+                                  decode_ext)
 
     def read_messages(self, topic: str, queue_id: int, offset: int, max_messages: int,
                       max_bytes: int, message_filter: MessageFilter | None,
