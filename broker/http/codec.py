@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import operator
+import re
 import time
 from typing import Any
 
@@ -19,6 +20,7 @@ from broker.errors import invalid
 from broker.message import (
     BODY_LENGTH_POSITION,
     KEY_SEPARATOR,
+    PROPERTY_IDEMPOTENCY_KEY,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
@@ -259,7 +261,14 @@ def message_json(m: MessageExt, force_base64: bool = False) -> dict[str, Any]:
 
 
 _HOST_PREFIX: dict[tuple[bytes, int], str] = {}  # (store ip, port) → the 16 hex digits of a msgId
-_UNIQ_ONLY = f"{PROPERTY_UNIQ_KEY}\x01".encode()
+# The stored properties of the bulk shapes, which show no tags, keys or user properties: UNIQ_KEY
+# alone (a bare produce), or with IDEMPOTENCY_KEY (before it: every SDK message; after it: a
+# producer that set its own UNIQ_KEY); group 1 is UNIQ_KEY's value. Anything else (another key,
+# an empty item, UNIQ_KEY twice) goes through `bytes_to_properties`.
+_IDEMPOTENCY_ITEM = b"(?:%s\x01[^\x01\x02]*\x02)?" % PROPERTY_IDEMPOTENCY_KEY.encode()
+_BULK_PROPERTIES = re.compile(
+    _IDEMPOTENCY_ITEM + b"%s\x01([^\x01\x02]*)\x02" % PROPERTY_UNIQ_KEY.encode() + _IDEMPOTENCY_ITEM
+).fullmatch
 _BODY_AT = BODY_LENGTH_POSITION + 4
 
 
@@ -280,8 +289,8 @@ def message_json_view(
 ) -> dict[str, Any]:
     """`message_json` built straight from a stored message's bytes (validated by the store's
     `read_messages`): no `MessageExt`, no body copy before the text decode, and a message whose
-    only property is UNIQ_KEY (the bulk case) skips the properties parse. `messageId` only when
-    `message_id` (pull pages leave it out)."""
+    properties are the bulk shapes' (`_BULK_PROPERTIES`) skips the properties parse. `messageId`
+    only when `message_id` (pull pages leave it out)."""
     total, queue_id, queue_offset, phys, born_ts, store_ts, store_ip, store_port, reconsume = _head_fields(
         head
     )
@@ -294,10 +303,11 @@ def message_json_view(
         except UnicodeDecodeError:
             text, enc = base64.b64encode(body).decode("ascii"), "base64"
     raw = bytes(view[props_at + 2 : total])
-    if raw.startswith(_UNIQ_ONLY) and raw.count(b"\x02") == 1 and raw.endswith(b"\x02"):
+    bulk = _BULK_PROPERTIES(raw)
+    if bulk is not None:
         tags, keys, user = None, [], {}
         # Decoded as leniently as `bytes_to_properties` would: the same string either way.
-        uniq = str(raw[len(_UNIQ_ONLY) : -1], "utf-8", "replace") if message_id else None
+        uniq = str(bulk[1], "utf-8", "replace") if message_id else None
     else:
         props = bytes_to_properties(raw)
         keys_raw = props.get(PROPERTY_KEYS)
@@ -345,7 +355,7 @@ def message_binary_view(
     )
     body = bytes(view[_BODY_AT:topic_at])
     raw = bytes(view[props_at + 2 : total])
-    if raw.startswith(_UNIQ_ONLY) and raw.count(b"\x02") == 1 and raw.endswith(b"\x02"):
+    if _BULK_PROPERTIES(raw) is not None:
         tags, keys, user = None, b"", b""
     else:
         # Through the same lenient parse as JSON, so both forms show the very same strings.

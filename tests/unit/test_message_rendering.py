@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.http.codec import message_json, message_json_view
+from broker.http import codec
+from broker.http.codec import message_binary_view, message_json, message_json_view
 from broker.http.consumers import RECEIVED_JSON
 from broker.message import (
     PROPERTY_UNIQ_KEY,
@@ -16,6 +17,7 @@ from broker.message import (
     new_uniq_key,
     parse_message,
 )
+from wire import pullpage
 
 
 def _stored(msg: Message, reconsume_times: int = 0) -> memoryview:
@@ -33,6 +35,10 @@ def _stored(msg: Message, reconsume_times: int = 0) -> memoryview:
         Message("t", b"\xff\xfe binary", tags="bin"),  # not UTF-8: base64
         Message("t", b"", properties={"only": "user"}),
         Message("t", b"tagged only", tags="T"),
+        Message("t", b"sdk", idempotency_key="0123456789abcdef0000000000000001"),  # every SDK message
+        Message("t", b"sdk+tags", tags="T", keys=["k"], idempotency_key="k-2", properties={"p": "v"}),
+        Message("t", b"odd key", idempotency_key="é\u00ff key"),
+        Message("t", b"", properties={"IDEMPOTENCY_KEYX": "not the system key"}),
     ],
 )
 def test_views_show_what_message_json_shows(msg: Message) -> None:
@@ -43,14 +49,29 @@ def test_views_show_what_message_json_shows(msg: Message) -> None:
     assert list(RECEIVED_JSON.from_view(view, head, topic_at, props_at)) == list(expected)  # field order
     pulled = message_json_view(view, head, topic_at, props_at)
     assert pulled == {k: v for k, v in expected.items() if k != "messageId"}  # pull pages leave it out
+    rec, body = message_binary_view(view, head, topic_at, props_at)
+    *_, id_len, tags_len, keys_len, props_len, body_len = pullpage.RECORD.unpack_from(rec, 0)
+    at = pullpage.RECORD.size + id_len
+    tags = None if tags_len < 0 else rec[at : at + tags_len].decode()
+    at += max(tags_len, 0)
+    keys = [k for k in rec[at : at + keys_len].decode().split(" ") if k]
+    user = dict(pullpage.parse_properties(rec[at + keys_len : at + keys_len + props_len]))
+    assert (tags, keys, user) == (expected["tags"], expected["keys"], expected["properties"])
+    assert body_len == len(body)
 
 
-def test_the_bulk_case_keeps_its_generated_message_id() -> None:
-    uniq = new_uniq_key()
-    view = _stored(Message("t", b"body", properties={PROPERTY_UNIQ_KEY: uniq}))
+@pytest.mark.parametrize("idempotency_key", [None, "0123456789abcdef0000000000000001"])
+@pytest.mark.parametrize("own_uniq_key", [False, True])
+def test_the_bulk_shapes_skip_the_properties_parse_and_keep_their_message_id(
+    idempotency_key: str | None, own_uniq_key: bool
+) -> None:
+    props = {PROPERTY_UNIQ_KEY: new_uniq_key()} if own_uniq_key else {}
+    view = _stored(Message("t", b"body", properties=props, idempotency_key=idempotency_key))
     head, topic_at, props_at = parse_message(view, 4096)
+    stored = message_ext_from(view, head, topic_at, props_at, 4096).properties
+    assert codec._BULK_PROPERTIES(bytes(view[props_at + 2 : head.total_size])) is not None
     doc = RECEIVED_JSON.from_view(view, head, topic_at, props_at)
-    assert doc["messageId"] == uniq and doc["properties"] == {} and doc["tags"] is None
+    assert doc["messageId"] == stored[PROPERTY_UNIQ_KEY] and doc["properties"] == {} and doc["tags"] is None
 
 
 def test_a_message_ext_renders_through_from_ext() -> None:
