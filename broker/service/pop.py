@@ -602,13 +602,12 @@ class PopService:
         self, topic: str, group: str, qid: int, off: int, fl: Inflight, item: Any, now_ms: int, until_ms: int
     ) -> ReceivedMessage:
         fl.invisible_until_ms = until_ms
-        fl.delivery_id = delivery = self._next_delivery
-        self._next_delivery = delivery + 1
+        fl.delivery_id = delivery = self._new_delivery_id()
         times = fl.reconsume_times
         event = DeliveryEvent.REDELIVERED if times else DeliveryEvent.RECEIVED
         self.trace.record((topic, qid, off), group, event, times, now_ms)
-        # tuple.__new__: a NamedTuple's own constructor is Python code (= `_handle`'s format).
-        return _tuple_new(ReceivedMessage, (item, f"{self.epoch}.{qid}.{off}.{delivery}", times))
+        # tuple.__new__: a NamedTuple's own constructor is Python code.
+        return _tuple_new(ReceivedMessage, (item, self._handle(qid, off, delivery), times))
 
     async def _wait(self, topic: str, st: GroupTopicState, remaining_s: float) -> None:
         """Sleep until a queue gets a new message (dispatcher wake-up), an in-flight message turns
