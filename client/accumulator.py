@@ -194,10 +194,25 @@ class BufferPool:
         self._cond = threading.Condition(threading.Lock())
         self._async_waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self._thread_waiters = 0
+        self._direct = False
 
     def _fits(self, n: int) -> bool:
         # A record larger than the whole buffer waits for an empty buffer, then goes alone.
         return self.used + n <= self.max_bytes or self.used == 0
+
+    def hold_if_idle(self) -> bool:
+        """Whether no record is unresolved and no direct send (`Producer.send` on its caller's
+        thread) is under way; if so, mark one under way until `end_direct`. A send that passes
+        cannot overtake any earlier message of its producer."""
+        with self._cond:
+            if self.used or self._direct:
+                return False
+            self._direct = True
+            return True
+
+    def end_direct(self) -> None:
+        with self._cond:
+            self._direct = False
 
     def try_reserve(self, n: int) -> bool:
         with self._cond:

@@ -68,7 +68,7 @@ class LatencyFaultTolerance:
         if until is None:
             return True
         if self.clock() >= until:
-            del self._until[broker_name]
+            self._until.pop(broker_name, None)  # another thread (Producer.send's) may have just done so
             return True
         return False
 

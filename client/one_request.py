@@ -38,16 +38,19 @@ class ProducerParts(Protocol):
 log = logging.getLogger(__name__)
 
 
-async def send_one_request(p: ProducerParts, send: OneRequest) -> list[SendResult]:
+async def send_one_request(
+    p: ProducerParts, send: OneRequest, *, first: LedgerMQError | None = None, started: float | None = None
+) -> list[SendResult]:
     """POST the messages to their set's master, retrying with the same keys until
-    `send_timeout_s`. A movable send that its set refused (`refused_by_set`) before any
-    attempt may have reached a set moves to another set. Once an attempt may have reached a
-    set, the send stays there and its final error is a `SendOutcomeUnknownError`, whatever
-    later attempts saw (a dead set refuses connections: that says nothing about the request
-    already sent)."""
+    `send_timeout_s` after `started` (default: now). A movable send that its set refused
+    (`refused_by_set`) before any attempt may have reached a set moves to another set. Once an
+    attempt may have reached a set, the send stays there and its final error is a
+    `SendOutcomeUnknownError`, whatever later attempts saw (a dead set refuses connections: that
+    says nothing about the request already sent). `first`: how an attempt the caller made itself
+    failed (`Producer.send`'s own request), taken as this send's first attempt."""
     topic = send.topic
     payload = {"messages": send.docs}
-    deadline = time.monotonic() + p.send_timeout_s
+    deadline = (time.monotonic() if started is None else started) + p.send_timeout_s
     hint: str | None = None
     delay = 0.05
     attempt = 0
@@ -58,6 +61,9 @@ async def send_one_request(p: ProducerParts, send: OneRequest) -> list[SendResul
         broker_name = send.broker_name
         started = time.monotonic()
         try:
+            if first is not None:
+                failed, first = first, None
+                raise failed
             url = hint or await p.routes.master_url(topic, broker_name, refresh=attempt > 0)
             p.stats["requests"] += 1
             doc = await p.transport.request("POST", url + path, json=payload)

@@ -60,6 +60,7 @@ from client.transport import (
     BrokerSetRoute,
     RouteCache,
     TopicRoute,
+    base_url,
     new_client_id,
     seg,
     split_addrs,
@@ -342,14 +343,8 @@ class AsyncProducer:
             else:
                 doc["queueId"] = queue
             broker_name = target.broker_name
-        elif broker_name is not None:
-            brokers = [b for b in route.brokers if b.broker_name == broker_name]
-            if not brokers:
-                raise TopicNotExistError(f"broker set {broker_name!r} does not hold topic {topic!r}")
-            min_queues = 0 if pinned_queue is None else pinned_queue + 1
-            target, queue = self._select(brokers, min_queues, topic)
-        elif pinned_queue is not None:
-            target, queue = self._set_for_queue(route.brokers, pinned_queue, topic)
+        elif broker_name is not None or pinned_queue is not None:
+            target, queue = self._target(route, topic, pinned_queue, broker_name)
         else:
             sticky = self._sticky.get(topic)
             # Kept while the route is the one it was chosen from and its set is not avoided.
@@ -389,6 +384,21 @@ class AsyncProducer:
             )
             self._sender.start()
         self._sender.added(1)
+
+    def _target(
+        self, route: TopicRoute, topic: str, pinned_queue: int | None, broker_name: str | None
+    ) -> tuple[BrokerSetRoute, int | None]:
+        """The (set, queue) of a message outside any message group: in `broker_name`'s set if
+        given, else in the set holding its `pinned_queue`, else the next (set, queue) in turn."""
+        if broker_name is not None:
+            brokers = [b for b in route.brokers if b.broker_name == broker_name]
+            if not brokers:
+                raise TopicNotExistError(f"broker set {broker_name!r} does not hold topic {topic!r}")
+            min_queues = 0 if pinned_queue is None else pinned_queue + 1
+            return self._select(brokers, min_queues, topic)
+        if pinned_queue is not None:
+            return self._set_for_queue(route.brokers, pinned_queue, topic)
+        return self._select(route.brokers, 0, topic)
 
     def _set_for_group(
         self, brokers: list[BrokerSetRoute], group: str, topic: str, broker_name: str | None = None
@@ -554,6 +564,7 @@ class Producer:
         self._intake_event = asyncio.Event()
         self._intake_idle = asyncio.Event()
         self._intake_task = self._call(_start_task(self._take_intake()))
+        self._hints: dict[str, str] = {}  # broker set -> its master's URL, as a NOT_MASTER answer named it
         self._closed = False
 
     def _call(self, coro: Any, timeout_s: float | None = None) -> Any:
@@ -562,8 +573,66 @@ class Producer:
     def send(
         self, topic: str, message: Message | bytes | str, *, broker_name: str | None = None, **kw: Any
     ) -> SendResult:
-        """Send one message and wait for its result. See `AsyncProducer.send`."""
-        return self.send_async(topic, message, broker_name=broker_name, **kw).result()
+        """Send one message and wait for its result. See `AsyncProducer.send`.
+
+        While nothing else this producer was given is unresolved (the common case: one thread
+        sending in a loop), the request goes out on the calling thread, over a blocking socket,
+        and its answer comes back there: no hand-off to the I/O thread and back. Otherwise the
+        message is batched with the rest, so it never overtakes an earlier one; so are messages
+        of a message group, and the first message of a topic whose route is not cached yet. A
+        failed request is retried on the I/O thread with the same key, by `send_batch`'s rules."""
+        if self._closed:
+            raise ProducerClosedError("the producer is closed")
+        msg, doc, size = self._p._prepare(message, kw)
+        if (msg is None or msg.message_group is None) and self._p.pool.hold_if_idle():
+            try:
+                result = self._send_direct(topic, message, msg, doc, broker_name)
+            finally:
+                self._p.pool.end_direct()
+            if result is not None:
+                return result
+        return self._queue(topic, msg, doc, size, broker_name, None).result()
+
+    def _send_direct(
+        self,
+        topic: str,
+        message: Message | bytes | str,
+        msg: Message | None,
+        doc: dict[str, Any],
+        broker_name: str | None,
+    ) -> SendResult | None:
+        """`send` on the calling thread; None, before sending anything, when the topic's route is
+        not cached or names no master."""
+        p = self._p
+        route = p.routes.fresh(topic)
+        if route is None:
+            return None
+        pinned_queue = msg.queue_id if msg is not None else None
+        target, queue = p._target(route, topic, pinned_queue, broker_name)
+        url = self._hints.get(target.broker_name) or target.master_url
+        if url is None:
+            return None
+        if pinned_queue is None and queue is not None:
+            doc["queueId"] = queue
+        started = time.monotonic()
+        p.stats["requests"] += 1
+        try:
+            answer = p.transport.request_blocking(
+                "POST", f"{url}/topics/{seg(topic)}/messages", json={"messages": [doc]}
+            )
+        except LedgerMQError as exc:
+            if isinstance(exc, NotMasterError) and exc.master_addr:
+                self._hints[target.broker_name] = base_url(exc.master_addr)
+            else:
+                self._hints.pop(target.broker_name, None)
+            if self._closed:
+                raise ProducerClosedError("the producer was closed during the send") from exc
+            movable = broker_name is None and pinned_queue is None
+            send = OneRequest(topic, [msg or as_message(message)], [doc], movable=movable)
+            send.assign(target.broker_name, queue)
+            return self._call(send_one_request(p, send, first=exc, started=started))[0]
+        p.fault.update(target.broker_name, (time.monotonic() - started) * 1000, failed=False)
+        return SendResult.from_json(answer["results"][0], target.broker_name)
 
     def send_async(
         self,
@@ -578,6 +647,18 @@ class Producer:
         if self._closed:
             raise ProducerClosedError("the producer is closed")
         msg, doc, size = self._p._prepare(message, kw)
+        return self._queue(topic, msg, doc, size, broker_name, callback)
+
+    def _queue(
+        self,
+        topic: str,
+        msg: Message | None,
+        doc: dict[str, Any],
+        size: int,
+        broker_name: str | None,
+        callback: SendCallback | None,
+    ) -> concurrent.futures.Future[SendResult]:
+        """Hand a prepared message to the I/O thread's accumulator; its future."""
         self._p.pool.reserve_blocking(size)
         fut: concurrent.futures.Future[SendResult] = LightFuture()
         if callback is not None:

@@ -25,7 +25,7 @@ from client.errors import (
     TopicNotExistError,
     error_from_problem,
 )
-from client.http import HttpClient, HttpResponse, HttpTransportError
+from client.http import BlockingHttpClient, HttpClient, HttpResponse, HttpTransportError
 from client.outcome import ERROR_FOR_PHASE
 
 log = logging.getLogger(__name__)
@@ -96,9 +96,9 @@ class AsyncTransport:
         hdrs = {"User-Agent": USER_AGENT, **(headers or {})}
         if token:
             hdrs["Authorization"] = f"Bearer {token}"
-        self.http = HttpClient(
-            max_connections=max_connections, headers=hdrs, ssl_context=tls_context(ca_file, client_cert)
-        )
+        ctx = tls_context(ca_file, client_cert)
+        self.http = HttpClient(max_connections=max_connections, headers=hdrs, ssl_context=ctx)
+        self.blocking_http = BlockingHttpClient(headers=hdrs, ssl_context=ctx)
         self.timeout_s = timeout_s
 
     async def send(
@@ -146,8 +146,24 @@ class AsyncTransport:
         )
         return decode_answer(resp, f"{method} {url}")
 
+    def request_blocking(self, method: str, url: str, *, json: Any) -> Any:
+        """`request` on the calling thread, over blocking sockets (`client.http.BlockingHttpClient`),
+        for a caller that waits for the answer anyway."""
+        try:
+            resp = self.blocking_http.request(
+                method,
+                url,
+                body=orjson.dumps(json),
+                headers={"Content-Type": "application/json"},
+                timeout_s=self.timeout_s,
+            )
+        except HttpTransportError as exc:
+            raise ERROR_FOR_PHASE[exc.phase](f"{method} {url}: {exc} (failed in phase {exc.phase})") from exc
+        return decode_answer(resp, f"{method} {url}")
+
     async def aclose(self) -> None:
         await self.http.aclose()
+        self.blocking_http.close()
 
 
 def tls_context(ca_file: str | None, client_cert: str | tuple[str, str] | None) -> ssl.SSLContext | None:
