@@ -151,7 +151,7 @@ def phase_simple_32(ns: str, seconds: float) -> dict[str, Any]:
     from client.consumer import SimpleConsumer
 
     count = 0
-    with SimpleConsumer("bench-simple", TOPIC, ns, **_ahead(SimpleConsumer)) as c:
+    with SimpleConsumer(_group("bench-simple"), TOPIC, ns, **_ahead(SimpleConsumer)) as c:
         ack = getattr(c, "ack_async", c.ack)  # a baseline without ack_async acks in line
         cpu0, t0 = time.process_time(), time.perf_counter()
         stop = t0 + seconds * 3
@@ -190,7 +190,7 @@ def phase_push(ns: str, seconds: float) -> dict[str, Any]:
             count += 1
             last[0] = time.perf_counter()
 
-    c = PushConsumer("bench-push", TOPIC, listener, ns, wait_ms=200)
+    c = PushConsumer(_group("bench-push"), TOPIC, listener, ns, wait_ms=200)
     cpu0, t0 = time.process_time(), time.perf_counter()
     c.start()
     while time.perf_counter() - max(last[0], t0) < 1.0 and time.perf_counter() - t0 < seconds * 3:
@@ -209,7 +209,7 @@ def phase_pull_iterator(ns: str, seconds: float) -> dict[str, Any]:
         total = sum(
             q["maxOffset"] for q in httpx.get(f"http://{_master_of(ns)}/topics/{TOPIC}").json()["queues"]
         )
-        it = c.iterate(TOPIC, "bench-pull", start="earliest", wait_ms=200)
+        it = c.iterate(TOPIC, _group("bench-pull"), start="earliest", wait_ms=200)
         cpu0, t0 = time.process_time(), time.perf_counter()
         count = 0
         for _ in it:
@@ -236,9 +236,15 @@ PHASES = {
 }
 
 
+def _group(name: str) -> str:
+    """A consumer phase's group: the baseline's own, so it reads what the SDK's phase read."""
+    return name + os.environ.get("SDK_BENCH_GROUP_SUFFIX", "")
+
+
 def _client_process(name: str, source: str | None, args: tuple, out: Any) -> None:
     if source:
         sys.path.insert(0, source)  # the baseline's client/ package first
+        os.environ["SDK_BENCH_GROUP_SUFFIX"] = "-baseline"
     try:
         out.put({"ok": PHASES[name](*args)})
     except (AttributeError, TypeError, ImportError) as exc:

@@ -349,7 +349,7 @@ class AsyncSimpleConsumer(_RouteUser):
         # (when, how many) the caller took: the rate a receive sent ahead is sized by.
         self._taken: collections.deque[tuple[float, int]] = collections.deque()
         self._taken_sum = 0  # the sum of _taken's counts
-        self._acks: dict[str | None, list[tuple[ReceivedMessage, asyncio.Future[dict[str, Any]]]]] = {}
+        self._acks: dict[str | None, list[tuple[ReceivedMessage, Any]]] = {}  # futures of either kind
         self._ack_timer: asyncio.TimerHandle | None = None
         self._ack_tasks: set[asyncio.Task[None]] = set()
         self._side: set[asyncio.Task[Any]] = set()
@@ -373,12 +373,35 @@ class AsyncSimpleConsumer(_RouteUser):
             self._ahead_for = invisible
             self._keep(await self._receive_now(size, wait_ms, invisible))
             out = self._take(max_messages)
+        self._receive_ahead(max_messages, wait_ms, invisible)
+        return out
+
+    def take_ahead(
+        self, max_messages: int, invisible_ms: int | None
+    ) -> tuple[list[ReceivedMessage], list[ReceivedMessage]]:
+        """For a caller on another thread (`SimpleConsumer.receive`): what `receive` would hand out
+        first from the messages received ahead, without the loop — ([], []) when nothing fresh
+        is buffered for this invisible time (then `receive` it is). Also returns the stale
+        messages it took out: hand both to `taken` on the loop."""
+        invisible = self.invisible_ms if invisible_ms is None else invisible_ms
+        if self._ahead_for != invisible or not self._buffer:
+            return [], []
+        return self._pop_fresh(max_messages)
+
+    def taken(self, out: list[ReceivedMessage], stale: list[ReceivedMessage], max_messages: int,
+              wait_ms: int, invisible_ms: int | None) -> None:
+        """On the loop, after `take_ahead`: count what the caller took, give back the stale ones,
+        send the next receive ahead if it is due."""
+        self._count_taken(out, stale)
+        invisible = self.invisible_ms if invisible_ms is None else invisible_ms
+        self._receive_ahead(max_messages, wait_ms, invisible)
+
+    def _receive_ahead(self, max_messages: int, wait_ms: int, invisible: int) -> None:
         if self.receive_ahead and self._backlog and self._ahead is None:
             size = self._fetch_size(max_messages, invisible)
             if len(self._buffer) <= size // 2:  # half used: the next batch is on its way meanwhile
                 ahead = self._receive_into_buffer(size, wait_ms, invisible)
                 self._ahead = asyncio.get_running_loop().create_task(ahead)
-        return out
 
     async def _receive_into_buffer(self, max_messages: int, wait_ms: int, invisible_ms: int) -> None:
         self._keep(await self._receive_now(max_messages, wait_ms, invisible_ms))
@@ -400,23 +423,34 @@ class AsyncSimpleConsumer(_RouteUser):
     def _take(self, max_messages: int) -> list[ReceivedMessage]:
         """Up to `max_messages` buffered messages with two thirds of their invisible time left;
         older ones are given back in the background."""
-        buffer = self._buffer
-        if not buffer:
+        if not self._buffer:
             return []
-        now = time.monotonic()
-        fresh_after = now - (self._ahead_for or self.invisible_ms) / 3000
+        out, stale = self._pop_fresh(max_messages)
+        self._count_taken(out, stale)
+        return out
+
+    def _pop_fresh(self, max_messages: int) -> tuple[list[ReceivedMessage], list[ReceivedMessage]]:
+        """(up to `max_messages` fresh buffered messages, the stale ones met before them), taken
+        out of the buffer one atomic pop at a time: safe from any thread."""
+        buffer = self._buffer
+        fresh_after = time.monotonic() - (self._ahead_for or self.invisible_ms) / 3000
         out: list[ReceivedMessage] = []
         stale: list[ReceivedMessage] = []
-        while buffer and len(out) < max_messages:
-            at, msg = buffer.popleft()
+        while len(out) < max_messages:
+            try:
+                at, msg = buffer.popleft()
+            except IndexError:
+                break
             (out if at >= fresh_after else stale).append(msg)
+        return out, stale
+
+    def _count_taken(self, out: list[ReceivedMessage], stale: list[ReceivedMessage]) -> None:
         if stale:
             log.info("giving back %d received-ahead messages the caller did not take in time", len(stale))
             self._side_task(self._release(stale))
         if out:
-            self._taken.append((now, len(out)))
+            self._taken.append((time.monotonic(), len(out)))
             self._taken_sum += len(out)
-        return out
 
     async def _give_back_ahead(self) -> None:
         """Give back what was received ahead (buffered and on the wire)."""
@@ -426,8 +460,9 @@ class AsyncSimpleConsumer(_RouteUser):
                 await ahead
             except LedgerMQError as exc:
                 log.warning("a receive sent ahead failed: %s", exc)
-        held = [m for _, m in self._buffer]
-        self._buffer.clear()
+        held: list[ReceivedMessage] = []
+        while self._buffer:  # pop by pop: a caller thread may be taking from it (`take_ahead`)
+            held.append(self._buffer.popleft()[1])
         self._ahead_for = None
         await self._release(held)
 
@@ -525,17 +560,22 @@ class AsyncSimpleConsumer(_RouteUser):
     def ack_async(self, msg: ReceivedMessage) -> asyncio.Future[dict[str, Any]]:
         """Ack `msg` in the next coalesced request of its broker set; the future resolves to its
         `{"receiptHandle", "status"}` (or the request's error)."""
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.ack_into(msg, fut)
+        return fut
+
+    def ack_into(self, msg: ReceivedMessage, fut: Any) -> None:
+        """`ack_async` resolving `fut` (any future with `done`/`set_result`/`set_exception`: the
+        blocking twin passes its own, with no asyncio future to chain)."""
         if msg.receipt_handle is None:
             raise ValueError(f"message {msg.msg_id} has no receipt handle (was it received?)")
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[dict[str, Any]] = loop.create_future()
         pending = self._acks.setdefault(msg.broker_name, [])
         pending.append((msg, fut))
         if len(pending) >= self.ACK_BATCH:
             self._flush_acks_of(msg.broker_name)
         elif self._ack_timer is None:
             self._ack_timer = loop.call_later(self.ACK_LINGER_S, self._flush_acks)
-        return fut
 
     def _flush_acks(self) -> None:
         self._ack_timer = None
@@ -549,7 +589,7 @@ class AsyncSimpleConsumer(_RouteUser):
             self._ack_tasks.add(task)
             task.add_done_callback(self._ack_tasks.discard)
 
-    async def _send_acks(self, pending: list[tuple[ReceivedMessage, asyncio.Future[dict[str, Any]]]]) -> None:
+    async def _send_acks(self, pending: list[tuple[ReceivedMessage, Any]]) -> None:
         try:
             doc = await self._settle("ack", [m for m, _ in pending])
         except LedgerMQError as exc:
@@ -676,6 +716,14 @@ class SimpleConsumer(_SyncWrapper):
     def receive(
         self, max_messages: int = 16, wait_ms: int = 0, invisible_ms: int | None = None
     ) -> list[ReceivedMessage]:
+        """See `AsyncSimpleConsumer.receive`. Messages received ahead are taken on the calling
+        thread; the loop hears of it without the caller waiting (no round trip to the I/O thread
+        and back for each call: a sixth of the receive(32) loop's throughput here)."""
+        out, stale = self._c.take_ahead(max_messages, invisible_ms)
+        if out or stale:
+            self._bg.call_soon(self._c.taken, out, stale, max_messages, wait_ms, invisible_ms)
+        if out:
+            return out
         return self._run(self._c.receive(max_messages, wait_ms, invisible_ms))
 
     def ack(self, *msgs: ReceivedMessage) -> dict[str, Any]:
@@ -690,7 +738,7 @@ class SimpleConsumer(_SyncWrapper):
     def _queue_acks(self, msgs: tuple[ReceivedMessage, ...], futs: list[concurrent.futures.Future]) -> None:
         for m, f in zip(msgs, futs, strict=True):
             try:
-                self._c.ack_async(m).add_done_callback(lambda a, f=f: _copy_outcome(a, f))
+                self._c.ack_into(m, f)
             except ValueError as exc:  # no receipt handle
                 f.set_exception(exc)
 
@@ -702,8 +750,3 @@ class SimpleConsumer(_SyncWrapper):
 
     def change_invisible_duration(self, msg: ReceivedMessage, invisible_ms: int) -> ReceivedMessage:
         return self._run(self._c.change_invisible_duration(msg, invisible_ms))
-
-
-def _copy_outcome(src: asyncio.Future[Any], dst: concurrent.futures.Future[Any]) -> None:
-    exc = src.exception()
-    dst.set_exception(exc) if exc is not None else dst.set_result(src.result())

@@ -107,6 +107,40 @@ def test_simple_consumer_receive_ahead_and_coalesced_acks(env):
         assert c.receive(max_messages=32, wait_ms=300) == []
 
 
+def test_simple_consumer_hands_out_what_it_received_ahead_without_its_io_thread(env):
+    """Once a receive has filled the buffer, the next receives take from it on the calling
+    thread: with the I/O thread's loop held busy for 3 s they return at once, and every
+    message is still handed out exactly once; the acks queued meanwhile land afterwards."""
+    ns, _ = env
+    bodies = fill(env, "ahead-thread", 600, queues=2)
+    got: list[str] = []
+    with SimpleConsumer("g-thread", "ahead-thread", ns, receive_ahead=True, receive_ahead_max=256) as c:
+        deadline = time.monotonic() + 10
+        while len(c._c._buffer) < 64 and time.monotonic() < deadline:  # a receive ahead has landed
+            msgs = c.receive(16, wait_ms=200)
+            got += [m.text for m in msgs]
+            c.ack_async(*msgs)
+            time.sleep(0.05)
+        buffered = len(c._c._buffer)
+        assert buffered >= 64, buffered
+        c._bg.call_soon(time.sleep, 3.0)
+        time.sleep(0.1)  # the loop is now inside the sleep
+        started = time.monotonic()
+        taken = [c.receive(16) for _ in range(buffered // 16)]
+        took = time.monotonic() - started
+        assert took < 1.5, f"{len(taken)} receives from the buffer took {took:.2f} s"
+        assert all(len(batch) == 16 for batch in taken)
+        futs = [f for batch in taken for f in c.ack_async(*batch)]
+        got += [m.text for batch in taken for m in batch]
+        while len(got) < 600 and time.monotonic() < deadline + 20:
+            msgs = c.receive(32, wait_ms=200)
+            got += [m.text for m in msgs]
+            c.ack_async(*msgs)
+        c.flush_acks()
+        assert all(f.result(5)["status"] == "OK" for f in futs)
+    assert sorted(got) == sorted(bodies)
+
+
 def _inflight(env, group: str) -> int:
     _, broker = env
     groups = httpx.get(f"http://{broker}/admin/consumers").json()["groups"]
