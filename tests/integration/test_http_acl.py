@@ -101,12 +101,18 @@ def test_rights_per_topic_group_and_admin(broker):
 
 
 def test_sdk_passes_the_token_and_maps_errors(broker):
+    # Twice each: a topic's first send fetches its route on the I/O thread, the next goes out on
+    # the calling thread (`Producer.send`'s direct path): both carry the token, both map errors.
     with Producer(broker_addr=broker["addr"], token="pub-tok") as p:
-        assert p.send("orders", b"via-sdk").queue_offset >= 0
-        with pytest.raises(ForbiddenError):
-            p.send("other", b"x")
-    with Producer(broker_addr=broker["addr"], token="bad") as p, pytest.raises(UnauthorizedError):
-        p.send("orders", b"x")
+        first, second = p.send("orders", b"via-sdk"), p.send("orders", b"via-sdk again")
+        assert second.commit_log_offset > first.commit_log_offset >= 0
+        for _ in range(2):
+            with pytest.raises(ForbiddenError):
+                p.send("other", b"x")
+    with Producer(broker_addr=broker["addr"], token="bad") as p:
+        for _ in range(2):
+            with pytest.raises(UnauthorizedError):
+                p.send("orders", b"x")
 
 
 def test_metrics_and_status_need_the_monitoring_right(broker):
