@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -133,41 +134,50 @@ def test_a_full_buffer_blocks_for_max_block_ms_then_raises(single):
     assert len(stored) == len(set(stored)) == 1 + len(pending)
 
 
-@pytest.mark.slow
-def test_master_sigkill_during_20_s_of_batched_sends_loses_no_acked_message_and_stores_none_twice(tmp_path):
+def produce_across_master_sigkill(
+    tmp_path, topic: str, produce: Callable[[str, threading.Event], None], before_s: float, after_s: float
+) -> list[dict]:
+    """On a fresh 3-member set with `topic` (2 queues), `produce(namesrv, stop)` runs on a thread
+    while the master is SIGKILLed `before_s` in and restarted; `after_s` later `stop` is set. Returns
+    what the set's master then stores in the topic."""
     group = ProcessGroup(tmp_path)
     try:
         ns = start_namesrv(group, tmp_path)
         addrs = start_dledger_set(group, tmp_path, ns)
         master = wait_master(addrs, timeout_s=30)
-        create(addrs[master], ns, "killed", 2)
-        futures: dict[str, object] = {}
+        create(addrs[master], ns, topic, 2)
         stop = threading.Event()
-
-        def produce() -> None:
-            with Producer(ns, send_timeout_s=10) as p:
-                i = 0
-                while not stop.is_set():
-                    body = f"m{i}"
-                    futures[body] = p.send_async("killed", body)
-                    i += 1
-                    if i % 50 == 0:
-                        time.sleep(0.005)  # a few thousand messages a second
-                p.flush(30)
-
-        th = threading.Thread(target=produce)
+        th = threading.Thread(target=produce, args=(ns, stop))
         th.start()
-        time.sleep(5)
+        time.sleep(before_s)
         group.kill(master, signal.SIGKILL)
         group.start(master, "broker", "-c", str(tmp_path / f"{master}.conf"))
-        time.sleep(15)
+        time.sleep(after_s)
         stop.set()
         th.join(60)
         assert not th.is_alive()
         new = addrs[wait_master(addrs, timeout_s=30)]
-        stored = read_queue(new, "killed", 0) + read_queue(new, "killed", 1)
+        return read_queue(new, topic, 0) + read_queue(new, topic, 1)
     finally:
         group.stop_all()
+
+
+@pytest.mark.slow
+def test_master_sigkill_during_20_s_of_batched_sends_loses_no_acked_message_and_stores_none_twice(tmp_path):
+    futures: dict[str, object] = {}
+
+    def produce(ns: str, stop: threading.Event) -> None:
+        with Producer(ns, send_timeout_s=10) as p:
+            i = 0
+            while not stop.is_set():
+                body = f"m{i}"
+                futures[body] = p.send_async("killed", body)
+                i += 1
+                if i % 50 == 0:
+                    time.sleep(0.005)  # a few thousand messages a second
+            p.flush(30)
+
+    stored = produce_across_master_sigkill(tmp_path, "killed", produce, 5, 15)
     acked = check_outcomes({body: fut.exception() or fut.result() for body, fut in futures.items()}, stored)
     assert acked > 5000, f"only {acked} acknowledged"
     print(f"acked={acked} failed={len(futures) - acked} stored={len(stored)}")

@@ -6,7 +6,6 @@ and stores none twice."""
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 
@@ -15,14 +14,15 @@ import pytest
 from client import Message, Producer
 from client.errors import LedgerMQError
 from tests.integration._ledgermq_procs import (
-    ProcessGroup,
     namesrv_and_broker,
-    start_dledger_set,
-    start_namesrv,
     wait_http,
-    wait_master,
 )
-from tests.integration.test_batching_producer import check_outcomes, create, read_queue
+from tests.integration.test_batching_producer import (
+    check_outcomes,
+    create,
+    produce_across_master_sigkill,
+    read_queue,
+)
 
 
 @pytest.fixture(scope="module")
@@ -102,39 +102,20 @@ def test_master_sigkill_under_blocking_sends_loses_no_returned_send_and_stores_n
     """One thread in a `send` loop while the master is killed and restarted: every send that
     returned is stored at the offset it returned, none twice; a send that raised anything but
     `SendOutcomeUnknownError` is not stored."""
-    group = ProcessGroup(tmp_path)
     outcomes: dict[str, object] = {}
-    try:
-        ns = start_namesrv(group, tmp_path)
-        addrs = start_dledger_set(group, tmp_path, ns)
-        master = wait_master(addrs, timeout_s=30)
-        create(addrs[master], ns, "killed-sync", 2)
-        stop = threading.Event()
 
-        def produce() -> None:
-            with Producer(ns, send_timeout_s=10) as p:
-                i = 0
-                while not stop.is_set():
-                    body = f"m{i}"
-                    try:
-                        outcomes[body] = p.send("killed-sync", body)
-                    except LedgerMQError as exc:
-                        outcomes[body] = exc
-                    i += 1
+    def produce(ns: str, stop: threading.Event) -> None:
+        with Producer(ns, send_timeout_s=10) as p:
+            i = 0
+            while not stop.is_set():
+                body = f"m{i}"
+                try:
+                    outcomes[body] = p.send("killed-sync", body)
+                except LedgerMQError as exc:
+                    outcomes[body] = exc
+                i += 1
 
-        th = threading.Thread(target=produce)
-        th.start()
-        time.sleep(3)
-        group.kill(master, signal.SIGKILL)
-        group.start(master, "broker", "-c", str(tmp_path / f"{master}.conf"))
-        time.sleep(9)
-        stop.set()
-        th.join(60)
-        assert not th.is_alive()
-        new = addrs[wait_master(addrs, timeout_s=30)]
-        stored = read_queue(new, "killed-sync", 0) + read_queue(new, "killed-sync", 1)
-    finally:
-        group.stop_all()
+    stored = produce_across_master_sigkill(tmp_path, "killed-sync", produce, 3, 9)
     returned = check_outcomes(outcomes, stored)
     last = max(int(b[1:]) for b in outcomes)
     tail = [outcomes[f"m{i}"] for i in range(last - 99, last + 1)]
