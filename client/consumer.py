@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import functools
 import itertools
 import logging
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +25,7 @@ from client.errors import (
     TopicNotExistError,
 )
 from client.fault import LatencyFaultTolerance
-from client.loop import BackgroundLoop, LightFuture, construct
+from client.loop import BackgroundLoop, LightFuture, close_at_exit, closed, construct
 from client.prefetch import PullIterator, SyncPullIterator
 from client.received import PULL_BINARY_CONTENT_TYPE, PullResult, ReceivedMessage, decode_binary_page
 from client.transport import (
@@ -271,10 +273,11 @@ class AsyncPullConsumer(_RouteUser):
         self._iterators.append(it)
         return it
 
-    async def close(self) -> None:
-        """Close the iterators (committing their positions) and the connections."""
+    async def close(self, past_in_hand: bool = True) -> None:
+        """Close the iterators (committing their positions: `PullIterator.close`) and the
+        connections."""
         for it in self._iterators:
-            await it.close()
+            await it.close(past_in_hand)
         self._iterators.clear()
         await super().close()
 
@@ -652,16 +655,24 @@ class _SyncWrapper:
         except BaseException:
             self._bg.close()
             raise
+        close_at_exit(self, self._close_at_exit)
 
     def _run(self, coro: Any) -> Any:
         return self._bg.call(coro)
 
     def close(self) -> None:
         """Close the connections and the background loop (a second call does nothing)."""
+        self._close(self._c.close)
+
+    def _close_at_exit(self) -> None:
+        self._close(self._c.close)
+
+    def _close(self, close: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        closed(self)
         if self._bg.closed:
             return
         try:
-            self._bg.call(self._c.close())
+            self._bg.call(close())
         finally:
             self._bg.close()
 
@@ -673,9 +684,16 @@ class _SyncWrapper:
 
 
 class PullConsumer(_SyncWrapper):
-    """Blocking twin of `AsyncPullConsumer` (same methods; `iterate` returns a plain iterator)."""
+    """Blocking twin of `AsyncPullConsumer` (same methods; `iterate` returns a plain iterator).
+    Never closed by the program, it is closed at interpreter exit, committing its iterators'
+    positions up to the message last handed out (that one is read again)."""
 
     _async_cls = AsyncPullConsumer
+
+    def _close_at_exit(self) -> None:
+        # The program may have died on the message in hand: its position is committed up to it,
+        # not past it, so the group reads it again (at least once).
+        self._close(functools.partial(self._c.close, past_in_hand=False))
 
     def queues(self, topic: str, refresh: bool = False) -> list[MessageQueue]:
         return self._run(self._c.queues(topic, refresh))
@@ -709,7 +727,8 @@ class PullConsumer(_SyncWrapper):
 
 class SimpleConsumer(_SyncWrapper):
     """Blocking twin of `AsyncSimpleConsumer` (same methods; `ack_async` returns a
-    `concurrent.futures.Future`)."""
+    `concurrent.futures.Future`). Never closed by the program, it is closed at interpreter exit:
+    its `ack_async` acks are sent and what it received ahead is given back."""
 
     _async_cls = AsyncSimpleConsumer
 

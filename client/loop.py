@@ -4,13 +4,20 @@ Kafka's producer has an I/O thread; the blocking `Producer`, `PullConsumer`, `Si
 `PushConsumer` and `Admin` run their async twins on one such thread each, so their connections,
 prefetches and coalesced acks make progress while the caller's thread does its own work (an
 `asyncio.Runner` in the caller's thread would only run the loop inside each call).
+
+Those threads are daemons, so a program that forgets to close a client still exits; what the
+client still held (a producer's unsent messages, a consumer's coalesced acks and positions) is
+then sent by `close_at_exit`'s hook instead of vanishing with the thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import logging
 import threading
+import weakref
 from collections.abc import Coroutine
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
 from typing import Any, TypeVar
@@ -18,6 +25,48 @@ from typing import Any, TypeVar
 import uvloop
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+# id(client) -> its closing method, held weakly: registering never keeps a dropped client alive.
+_UNCLOSED: dict[int, weakref.WeakMethod[Any]] = {}
+_UNCLOSED_LOCK = threading.Lock()
+
+
+def close_at_exit(client: object, close: Any) -> None:
+    """Run `close` (a bound method of `client`) when the interpreter exits, unless `closed(client)`
+    came first. Daemon I/O threads die with the interpreter: without this, `send_async`s not yet
+    flushed would be lost without a word (kafka-python closes a forgotten producer at exit too)."""
+    with _UNCLOSED_LOCK:
+        _UNCLOSED[id(client)] = weakref.WeakMethod(close)
+
+
+def closed(client: object) -> None:
+    """`client` was closed by the program: nothing to do for it at exit."""
+    with _UNCLOSED_LOCK:
+        _UNCLOSED.pop(id(client), None)
+
+
+def _close_unclosed() -> None:
+    # atexit runs after the main thread ended but while daemon threads still run, so each
+    # client's own I/O thread does the work; each close is bounded by the client's timeouts.
+    with _UNCLOSED_LOCK:
+        pending = list(_UNCLOSED.values())
+        _UNCLOSED.clear()
+    for ref in pending:
+        close = ref()
+        if close is None:
+            continue
+        name = type(close.__self__).__name__
+        log.warning("event=client_closed_at_exit client=%s hint=close it (or use a with block) to choose "
+                    "when its pending work is sent", name)
+        try:
+            close()
+        except Exception as exc:  # one client's failure must not keep the others from closing
+            log.warning("event=client_close_at_exit_failed client=%s error=%r", name, exc)
+
+
+atexit.register(_close_unclosed)
 
 
 class BackgroundLoop:

@@ -278,15 +278,16 @@ class PullIterator:
             await asyncio.sleep(self.commit_interval_s)
             await self.commit()
 
-    async def close(self) -> None:
-        """Stop prefetching and commit past the last message handed out. Idempotent."""
+    async def close(self, past_in_hand: bool = True) -> None:
+        """Stop prefetching and commit past the last message handed out (up to it, not past it,
+        with `past_in_hand=False`: it is read again). Idempotent."""
         if self._closed:
             return
         self._closed = True
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.commit(final=True)
+        await self.commit(final=past_in_hand)
 
 
 class SyncPullIterator:

@@ -49,7 +49,7 @@ from client.errors import (
     TopicNotExistError,
 )
 from client.fault import LatencyFaultTolerance
-from client.loop import LightFuture
+from client.loop import LightFuture, close_at_exit, closed
 from client.message import KeyGenerator, Message, SendResult, as_message
 from client.one_request import OneRequest, send_one_request
 from client.sender import Sender
@@ -551,13 +551,20 @@ class Producer:
     I/O thread of Kafka's producer). `send` blocks for the result; `send_async` returns a
     `concurrent.futures.Future` at once (blocking only while the buffer is full, up to
     `max_block_ms`), with an optional `callback(result, error)` run on the I/O thread. Safe to
-    use from several threads. Same keyword arguments as `AsyncProducer`."""
+    use from several threads. Same keyword arguments as `AsyncProducer`. A producer the program
+    never closes is closed at interpreter exit: what it was given is sent first (`client.loop`)."""
 
     def __init__(self, namesrv_addr: str | list[str] | None = None, **kw: Any) -> None:
         self._loop = uvloop.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="ledgermq-producer", daemon=True)
         self._thread.start()
-        self._p: AsyncProducer = self._call(_make(AsyncProducer, namesrv_addr, **kw))
+        try:
+            self._p: AsyncProducer = self._call(_make(AsyncProducer, namesrv_addr, **kw))
+        except BaseException:  # a bad argument: no I/O thread left behind
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+            raise
         self._intake: collections.deque[tuple[Any, ...]] = collections.deque()
         self._intake_lock = threading.Lock()
         self._intake_woken = False
@@ -566,6 +573,7 @@ class Producer:
         self._intake_task = self._call(_start_task(self._take_intake()))
         self._hints: dict[str, str] = {}  # broker set -> its master's URL, as a NOT_MASTER answer named it
         self._closed = False
+        close_at_exit(self, self.close)
 
     def _call(self, coro: Any, timeout_s: float | None = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
@@ -737,6 +745,7 @@ class Producer:
         if self._closed:
             return
         self._closed = True
+        closed(self)
         try:
             self._call(self._flush_and_close(timeout_s))
         finally:

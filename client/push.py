@@ -44,7 +44,7 @@ from typing import Any
 
 from client.consumer import AsyncSimpleConsumer
 from client.errors import LedgerMQError
-from client.loop import BackgroundLoop, construct
+from client.loop import BackgroundLoop, close_at_exit, closed, construct
 from client.received import ReceivedMessage
 from client.transport import seg
 from wire.codes import ErrorCode
@@ -440,7 +440,7 @@ class AsyncPushConsumer:
             for t in pending:
                 t.cancel()
         if self._threads:
-            await asyncio.to_thread(_join_all, self._threads, deadline)
+            await _join_all(self._threads, deadline)
         self._take_outcomes()
         if self._renewer is not None:
             self._renewer.cancel()
@@ -476,9 +476,20 @@ class AsyncPushConsumer:
         return total
 
 
-def _join_all(threads: list[threading.Thread], deadline: float) -> None:
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
+async def _join_all(threads: list[threading.Thread], deadline: float) -> None:
+    """Join `threads` by `deadline` without blocking the loop. On a thread of its own, not
+    `asyncio.to_thread`: at interpreter exit (a PushConsumer closed by `client.loop`'s hook) the
+    executors refuse new work."""
+    loop = asyncio.get_running_loop()
+    joined = loop.create_future()
+
+    def join() -> None:
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        loop.call_soon_threadsafe(lambda: joined.done() or joined.set_result(None))
+
+    threading.Thread(target=join, name="ledgermq-push-join", daemon=True).start()
+    await joined
 
 
 def _log_ack_failure(fut: asyncio.Future[Any]) -> None:
@@ -489,14 +500,21 @@ def _log_ack_failure(fut: asyncio.Future[Any]) -> None:
 
 class PushConsumer:
     """Blocking `AsyncPushConsumer` on a background event loop; a plain-function listener runs
-    on `consume_thread_count` threads. `start()`, `shutdown(timeout_s)`, `lag()`, `stats`."""
+    on `consume_thread_count` threads. `start()`, `shutdown(timeout_s)`, `lag()`, `stats`.
+    Never shut down by the program, it is shut down at interpreter exit (running handlers
+    finish and are acked, messages no handler started are given back)."""
 
     def __init__(self, group: str, topic: str, listener: Listener, *args: Any, **kw: Any) -> None:
         self._bg = BackgroundLoop(f"ledgermq-push-{group}")
-        self._c: AsyncPushConsumer = self._bg.call(
-            construct(AsyncPushConsumer, group, topic, listener, *args, **kw)
-        )
+        try:
+            self._c: AsyncPushConsumer = self._bg.call(
+                construct(AsyncPushConsumer, group, topic, listener, *args, **kw)
+            )
+        except BaseException:  # a bad argument: no I/O thread left behind
+            self._bg.close()
+            raise
         self._lock = threading.Lock()
+        close_at_exit(self, self.shutdown)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -515,6 +533,7 @@ class PushConsumer:
         return self._bg.call(self._c.lag())
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
+        closed(self)
         with self._lock:
             if self._bg.closed:
                 return

@@ -13,7 +13,7 @@ import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import orjson
 
@@ -48,11 +48,31 @@ def seg(name: str | int) -> str:
 
 
 def split_addrs(addrs: str | list[str] | None) -> list[str]:
-    """`a:1;b:2` (RocketMQ's namesrvAddr) or a list → list of base URLs."""
+    """`a:1;b:2` (RocketMQ's namesrvAddr) or a list → list of base URLs. Raises ValueError
+    naming an item that is neither `host:port` nor an http(s) URL (a typo fails here, not as
+    an unreachable server on the first send)."""
     if not addrs:
         return []
     items = addrs if isinstance(addrs, list) else addrs.replace(",", ";").split(";")
-    return [base_url(a.strip()) for a in items if a.strip()]
+    return [_checked_url(a.strip()) for a in items if a.strip()]
+
+
+def _checked_url(addr: str) -> str:
+    url = base_url(addr)
+    problem = None
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # a port that is not a number in 0..65535
+        problem = str(exc)
+    else:
+        if not parts.hostname or any(c.isspace() for c in addr):
+            problem = "no host name"
+        elif port is None and url != addr.rstrip("/"):
+            problem = "no port (host:port, as RocketMQ's namesrvAddr)"
+    if problem is not None:
+        raise ValueError(f"address {addr!r} is not host:port or an http(s) URL: {problem}")
+    return url
 
 
 def _sdk_version() -> str:

@@ -9,7 +9,7 @@ sink's executor tasks (finding the master to produce to). Plain httpx over the d
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import httpx
 import orjson
@@ -25,11 +25,20 @@ __all__ = [
     "LedgerMQError",
     "RouteResolver",
     "base_url",
+    "option_addrs",
     "problem_of",
-    "split_addrs",
 ]
 
 log = logging.getLogger("ledgermq.pipeline.routes")
+
+
+def option_addrs(options: Mapping[str, str], key: str, who: str) -> tuple[str, ...]:
+    """Option `key` (`host:port;host:port`) as base URLs; ValueError naming the option and the
+    bad address."""
+    try:
+        return tuple(split_addrs(options.get(key)))
+    except ValueError as exc:
+        raise ValueError(f"{who}: option {key!r}: {exc}") from None
 
 
 def problem_of(resp: httpx.Response, what: str) -> LedgerMQError:

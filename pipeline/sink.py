@@ -40,7 +40,7 @@ from client.errors import (
 )
 from client.outcome import Delivery, RequestPhase, delivery_of_answer, phase_of
 from client.producer import Message
-from pipeline.routes import PERM_WRITE, BrokerSetRoute, RouteResolver, base_url, problem_of, split_addrs
+from pipeline.routes import PERM_WRITE, BrokerSetRoute, RouteResolver, base_url, option_addrs, problem_of
 from pipeline.worker import freeze_worker_heap
 
 log = logging.getLogger("ledgermq.pipeline.sink")
@@ -75,8 +75,8 @@ class SinkOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> SinkOptions:
         """Check options and the input columns; raises ValueError with the offending name."""
-        namesrv = tuple(split_addrs(options.get("namesrvAddr")))
-        brokers = tuple(split_addrs(options.get("brokerAddr")))
+        namesrv = option_addrs(options, "namesrvAddr", "ledgermq sink")
+        brokers = option_addrs(options, "brokerAddr", "ledgermq sink")
         if not namesrv and not brokers:
             raise ValueError("ledgermq sink: set option 'namesrvAddr' (or 'brokerAddr')")
         names = {f.name: f.dataType for f in schema.fields}

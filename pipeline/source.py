@@ -49,7 +49,7 @@ from pipeline.offsets import (
     sort_offsets,
     states_to_offsets,
 )
-from pipeline.routes import RouteResolver, split_addrs
+from pipeline.routes import RouteResolver, option_addrs
 from pipeline.schema import source_schema
 from pipeline.worker import freeze_worker_heap
 
@@ -112,8 +112,8 @@ class SourceOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
         """Validate the user's options; raises ValueError naming the option on any mistake."""
-        namesrv = tuple(split_addrs(options.get("namesrvAddr")))
-        brokers = tuple(split_addrs(options.get("brokerAddr")))
+        namesrv = option_addrs(options, "namesrvAddr", "ledgermq")
+        brokers = option_addrs(options, "brokerAddr", "ledgermq")
         if not namesrv and not brokers:
             raise ValueError("ledgermq: set option 'namesrvAddr' (or 'brokerAddr')")
         topics = tuple(t.strip() for t in (options.get("topic") or "").split(",") if t.strip())

@@ -307,6 +307,8 @@ def test_bad_options_fail_clearly(spark, cluster):
         spark.read.format("ledgermq").option("topic", "t").load().count()
     with pytest.raises(Exception, match="exactly one of options 'topic'"):
         spark.read.format("ledgermq").option("namesrvAddr", cluster.namesrv).load().count()
+    with pytest.raises(Exception, match=r"option 'namesrvAddr': address 'nameserver' is not host:port"):
+        spark.read.format("ledgermq").option("namesrvAddr", "nameserver").option("topic", "t").load().count()
     with pytest.raises(Exception, match="maxOffsetsPerTrigger"):
         (
             spark.readStream.format("ledgermq")

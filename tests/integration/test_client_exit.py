@@ -1,0 +1,152 @@
+"""A blocking client the program never closes is closed when the interpreter exits (the clients'
+I/O threads are daemons: without that, a producer's `send_async`s not yet sent would vanish with
+the process, and a consumer's coalesced acks with it). Each case is a real Python process against
+a real name server and broker; an address that is not host:port fails at construction."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from client import Producer, PullConsumer, PushConsumer, SimpleConsumer
+from tests.integration._ledgermq_procs import namesrv_and_broker, wait_http
+from tests.integration.test_batching_producer import create, read_queue
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    with namesrv_and_broker(tmp_path_factory.mktemp("exit"), "broker-s") as (group, ns, broker):
+        wait_http(f"http://{ns}/cluster", ok=lambda r: "broker-s" in r.json()["brokers"])
+        yield group, ns, broker
+
+
+def run_script(body: str, ns: str) -> subprocess.CompletedProcess[str]:
+    """`body` as a fresh interpreter's whole program (NS bound to the name server); it ends
+    without closing what it made."""
+    code = f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nNS = {ns!r}\n" + textwrap.dedent(body)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def one_queue_topic(broker: str, ns: str, topic: str, bodies: list[str]) -> None:
+    create(broker, ns, topic, 1)
+    with Producer(ns) as p:
+        p.send_batch(topic, bodies)
+
+
+def offsets(broker: str, group: str, topic: str) -> dict[int, int]:
+    doc = httpx.get(f"http://{broker}/consumers/{group}/offsets", params={"topic": topic}, timeout=10).json()
+    return {o["queueId"]: o["offset"] for o in doc["offsets"]}
+
+
+def test_an_unclosed_producer_sends_what_it_was_given_before_the_process_exits(single):
+    _, ns, broker = single
+    create(broker, ns, "exit-produce", 2)
+    done = run_script(
+        """
+        from client import Producer
+        p = Producer(NS, linger_ms=200)
+        p.send("exit-produce", "first")
+        futures = [p.send_async("exit-produce", f"m{i}") for i in range(2000)]
+        print("unresolved", sum(not f.done() for f in futures))
+        """,
+        ns,
+    )
+    assert int(done.stdout.split()[-1]) > 0  # the exit, not the script, had them sent
+    assert "event=client_closed_at_exit client=Producer" in done.stderr
+    bodies = [m["body"] for q in (0, 1) for m in read_queue(broker, "exit-produce", q)]
+    assert sorted(bodies) == sorted(["first", *(f"m{i}" for i in range(2000))])
+
+
+def test_an_unclosed_simple_consumer_sends_its_queued_acks_and_gives_back_what_it_received_ahead(single):
+    _, ns, broker = single
+    one_queue_topic(broker, ns, "exit-simple", [f"s{i}" for i in range(100)])
+    run_script(
+        """
+        from client import SimpleConsumer
+        c = SimpleConsumer("exit-simple-g", "exit-simple", NS)
+        got = c.receive(max_messages=10, wait_ms=5000, invisible_ms=60000)
+        c.ack_async(*got)
+        print(len(got))
+        """,
+        ns,
+    )
+    assert offsets(broker, "exit-simple-g", "exit-simple")[0] == 10  # the ten acks went out
+    # Received ahead but never handed out: visible again at once, not after the 60 s.
+    with SimpleConsumer("exit-simple-g", "exit-simple", ns) as c:
+        rest: list = []
+        deadline = time.monotonic() + 20
+        while len(rest) < 90 and time.monotonic() < deadline:
+            got = c.receive(max_messages=32, wait_ms=1000)
+            if got:
+                c.ack(*got)
+            rest += [m.text for m in got]
+    assert sorted(rest) == sorted(f"s{i}" for i in range(10, 100))
+
+
+def test_an_unclosed_pull_consumer_commits_up_to_the_message_in_hand_not_past_it(single):
+    _, ns, broker = single
+    one_queue_topic(broker, ns, "exit-pull", [f"p{i}" for i in range(50)])
+    run_script(
+        """
+        from client import PullConsumer
+        c = PullConsumer(NS)
+        it = c.iterate("exit-pull", "exit-pull-g", start="earliest", commit_interval_ms=3_600_000)
+        for m in it:
+            if m.queue_offset == 20:
+                break  # as if the program died handling p20
+        """,
+        ns,
+    )
+    assert offsets(broker, "exit-pull-g", "exit-pull")[0] == 20
+    with PullConsumer(ns) as c:
+        first = next(iter(c.iterate("exit-pull", "exit-pull-g")))
+    assert first.text == "p20"
+
+
+def test_an_unclosed_push_consumer_lets_its_running_handler_finish_and_acks_it(single):
+    _, ns, broker = single
+    one_queue_topic(broker, ns, "exit-push", ["slow"])
+    done = run_script(
+        """
+        import threading, time
+        from client import ConsumeResult, PushConsumer
+        started = threading.Event()
+        def handle(m):
+            started.set()
+            time.sleep(2)  # still running when the program ends
+            print("handled", m.text, flush=True)
+            return ConsumeResult.SUCCESS
+        c = PushConsumer("exit-push-g", "exit-push", handle, NS, invisible_ms=60000, wait_ms=2000)
+        c.start()
+        assert started.wait(30)
+        """,
+        ns,
+    )
+    assert "handled slow" in done.stdout
+    assert offsets(broker, "exit-push-g", "exit-push")[0] == 1
+
+
+def test_an_address_that_is_not_host_port_fails_at_construction():
+    """The mistake is named at once (not an unreachable server on the first send), and the
+    refused client leaves no I/O thread behind."""
+    threads = threading.active_count()
+    with pytest.raises(ValueError, match=r"'no-port'.*no port"):
+        Producer("no-port")
+    with pytest.raises(ValueError, match="'h:99999'"):
+        PullConsumer("h:99999")
+    with pytest.raises(ValueError, match=r"'not an address'.*no host"):
+        SimpleConsumer("g", "t", "not an address")
+    with pytest.raises(ValueError, match=r"'127\.0\.0\.1:x'"):
+        PushConsumer("g", "t", lambda m: True, "127.0.0.1:x")
+    assert threading.active_count() == threads
