@@ -54,6 +54,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FILTER_TYPES = ("TAG", "SQL92")
+# At close, a receive still out this long after is a long poll with nothing for us: it is hung up
+# on (the broker then ends it handing out nothing) instead of being waited for up to its waitMs.
+# The moment lets an answer already on its way arrive, so its messages are given back at once.
+HANG_UP_AFTER_S = 0.5
 
 
 def filter_fields(filter_type: str, expression: str | None) -> dict[str, str]:
@@ -459,10 +463,15 @@ class AsyncSimpleConsumer(_RouteUser):
         """Give back what was received ahead (buffered and on the wire)."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            try:
-                await ahead
-            except LedgerMQError as exc:
+            await asyncio.wait((ahead,), timeout=HANG_UP_AFTER_S)
+            if not ahead.done():
+                ahead.cancel()
+            await asyncio.wait((ahead,))
+            exc = None if ahead.cancelled() else ahead.exception()
+            if isinstance(exc, LedgerMQError):
                 log.warning("a receive sent ahead failed: %s", exc)
+            elif exc is not None:
+                raise exc
         held: list[ReceivedMessage] = []
         while self._buffer:  # pop by pop: a caller thread may be taking from it (`take_ahead`)
             held.append(self._buffer.popleft()[1])
@@ -533,9 +542,7 @@ class AsyncSimpleConsumer(_RouteUser):
         applied theirs; settling again is harmless: an acked handle answers OK)."""
         by_broker: dict[str | None, list[int]] = {}
         for i, m in enumerate(msgs):
-            if m.receipt_handle is None:
-                raise ValueError(f"message {m.msg_id} has no receipt handle (was it received?)")
-            by_broker.setdefault(m.broker_name, []).append(i)
+            by_broker.setdefault(received(m).broker_name, []).append(i)
         results: list[dict[str, Any] | None] = [None] * len(msgs)
         for name, idx in by_broker.items():
             broker = await self._broker(self.topic, name)
@@ -570,8 +577,7 @@ class AsyncSimpleConsumer(_RouteUser):
     def ack_into(self, msg: ReceivedMessage, fut: Any) -> None:
         """`ack_async` resolving `fut` (any future with `done`/`set_result`/`set_exception`: the
         blocking twin passes its own, with no asyncio future to chain)."""
-        if msg.receipt_handle is None:
-            raise ValueError(f"message {msg.msg_id} has no receipt handle (was it received?)")
+        received(msg)
         loop = asyncio.get_running_loop()
         pending = self._acks.setdefault(msg.broker_name, [])
         pending.append((msg, fut))
@@ -619,9 +625,7 @@ class AsyncSimpleConsumer(_RouteUser):
     async def change_invisible_duration(self, msg: ReceivedMessage, invisible_ms: int) -> ReceivedMessage:
         """Hide `msg` for `invisible_ms` from now; on success it carries its new handle (the old
         one is kept if the request fails)."""
-        if msg.receipt_handle is None:
-            raise ValueError(f"message {msg.msg_id} has no receipt handle (was it received?)")
-        broker = await self._broker(self.topic, msg.broker_name)
+        broker = await self._broker(self.topic, received(msg).broker_name)
         doc = await self._write(
             self.topic,
             broker,
@@ -641,6 +645,16 @@ class AsyncSimpleConsumer(_RouteUser):
         if self._side:
             await asyncio.gather(*self._side, return_exceptions=True)
         await super().close()
+
+
+def received(msg: Any) -> ReceivedMessage:
+    """`msg` if it is a message a receive handed out (it has a receipt handle to settle it by);
+    TypeError or ValueError saying what it is otherwise."""
+    if not isinstance(msg, ReceivedMessage):
+        raise TypeError(f"expected a ReceivedMessage (what receive returned), got {type(msg).__name__}")
+    if msg.receipt_handle is None:
+        raise ValueError(f"message {msg.msg_id} has no receipt handle (was it received?)")
+    return msg
 
 
 class _SyncWrapper:
@@ -750,16 +764,15 @@ class SimpleConsumer(_SyncWrapper):
 
     def ack_async(self, *msgs: ReceivedMessage) -> list[concurrent.futures.Future[dict[str, Any]]]:
         """Queue acks (coalesced per broker set) and return at once; one future per message."""
+        for m in msgs:  # a wrong argument raises here, not on the I/O thread
+            received(m)
         futs: list[concurrent.futures.Future[dict[str, Any]]] = [LightFuture() for _ in msgs]
         self._bg.call_soon(self._queue_acks, msgs, futs)
         return futs
 
     def _queue_acks(self, msgs: tuple[ReceivedMessage, ...], futs: list[concurrent.futures.Future]) -> None:
         for m, f in zip(msgs, futs, strict=True):
-            try:
-                self._c.ack_into(m, f)
-            except ValueError as exc:  # no receipt handle
-                f.set_exception(exc)
+            self._c.ack_into(m, f)
 
     def flush_acks(self) -> None:
         self._run(self._c.flush_acks())

@@ -20,11 +20,12 @@ class Message:
     stored in one queue in the order they were sent and consumed in that order; at most 64
     bytes); `deliver_at_ms` (epoch ms) or `delay_ms` makes it a delayed one (its result carries
     `deliver_at_ms` and a `recall_handle` for `recall`). The topic's `message.type` must allow
-    the type (`mqadmin updateTopic -a +message.type=FIFO`), else the broker refuses the send."""
+    the type (`mqadmin updateTopic -a +message.type=FIFO`), else the broker refuses the send.
+    `keys` is a list, or one string of keys separated by spaces (RocketMQ's `setKeys`)."""
 
     body: bytes | str
     tags: str | None = None
-    keys: list[str] = field(default_factory=list)
+    keys: list[str] | str = field(default_factory=list)
     properties: dict[str, str] = field(default_factory=dict)
     queue_id: int | None = None
     idempotency_key: str | None = None
@@ -34,18 +35,21 @@ class Message:
 
     def to_json(self) -> dict[str, Any]:
         """The produce API's message object (`idempotencyKey` only when set here)."""
-        if isinstance(self.body, str):
-            body, enc = self.body, "utf-8"
-        else:
+        raw = self.body
+        if isinstance(raw, str):
+            body, enc = raw, "utf-8"
+        elif isinstance(raw, bytes | bytearray | memoryview):
             try:
-                body, enc = self.body.decode("utf-8"), "utf-8"
+                body, enc = str(raw, "utf-8"), "utf-8"
             except UnicodeDecodeError:
-                body, enc = base64.b64encode(self.body).decode("ascii"), "base64"
+                body, enc = base64.b64encode(raw).decode("ascii"), "base64"
+        else:
+            raise TypeError(f"a message body is bytes or str, got {type(raw).__name__} (serialize it first)")
         doc: dict[str, Any] = {"body": body, "bodyEncoding": enc}
         if self.tags is not None:
             doc["tags"] = self.tags
         if self.keys:
-            doc["keys"] = list(self.keys)
+            doc["keys"] = self.keys.split() if isinstance(self.keys, str) else list(self.keys)
         if self.properties:
             doc["properties"] = dict(self.properties)
         if self.queue_id is not None:

@@ -46,6 +46,7 @@ from client.errors import (
     LedgerMQError,
     NotMasterError,
     ProducerClosedError,
+    QueueNotExistError,
     TopicNotExistError,
 )
 from client.fault import LatencyFaultTolerance
@@ -458,7 +459,12 @@ class AsyncProducer:
             b for b in brokers if b.perm & PERM_WRITE and queue_id < (b.write_queue_nums or queue_id + 1)
         ]
         if not writable:
-            raise TopicNotExistError(f"no writable broker set of topic {topic!r} has queue {queue_id}")
+            most = max((b.write_queue_nums or 0 for b in brokers if b.perm & PERM_WRITE), default=None)
+            if most is None:
+                raise TopicNotExistError(f"topic {topic!r} has no writable broker set")
+            raise QueueNotExistError(
+                f"queue {queue_id} does not exist: topic {topic!r} has {most} write queues"
+            )
         ok = [b for b in writable if self.fault.is_available(b.broker_name)] or writable
         return ok[0], queue_id
 

@@ -42,12 +42,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from client.consumer import AsyncSimpleConsumer
+from client.consumer import HANG_UP_AFTER_S, AsyncSimpleConsumer
 from client.errors import LedgerMQError
 from client.loop import BackgroundLoop, close_at_exit, closed, construct
 from client.received import ReceivedMessage
 from client.transport import seg
 from wire.codes import ErrorCode
+from wire.limits import MAX_INVISIBLE_MS, MAX_RECEIVE_MESSAGES, MAX_RECEIVE_WAIT_MS, MIN_INVISIBLE_MS
 
 log = logging.getLogger(__name__)
 # The broker refused the subscription's filter itself: no receive can succeed.
@@ -108,6 +109,8 @@ class AsyncPushConsumer:
         filter_expression: str | None = None,
         filter_type: str = "TAG",
     ) -> None:
+        _check_arguments(listener, consume_thread_count, receive_batch, wait_ms, invisible_ms,
+                         max_cached_messages, max_cached_bytes, retry_backoff_ms, retry_backoff_max_ms)
         self.listener = listener
         self.is_async = inspect.iscoroutinefunction(listener)
         self.simple = AsyncSimpleConsumer(
@@ -152,6 +155,7 @@ class AsyncPushConsumer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[threading.Thread] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._polls: set[asyncio.Future[Any]] = set()  # the receive loops' requests on the wire
         self._sets: set[str] = set()  # broker sets with receive loops
         self._renewer: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -254,9 +258,17 @@ class AsyncPushConsumer:
             try:
                 broker = await self.simple._broker(self.topic, broker_name)
                 self._asked += room
+                ask = {**body, "maxMessages": room}
+                poll = asyncio.ensure_future(self.simple._write(self.topic, broker, path, ask))
+                self._polls.add(poll)
                 try:
-                    doc = await self.simple._write(self.topic, broker, path, {**body, "maxMessages": room})
+                    doc = await poll
+                except asyncio.CancelledError:
+                    if self._running or _being_cancelled():
+                        raise
+                    return  # hung up on by `shutdown`: the broker hands a gone client nothing
                 finally:
+                    self._polls.discard(poll)
                     self._asked -= room
                     self._room.set()  # what this receive did not bring, another loop may ask for
             except LedgerMQError as exc:
@@ -423,11 +435,17 @@ class AsyncPushConsumer:
         receive_tasks = list(self._tasks)
         unstarted = self._take_unstarted()  # no handler starts another message from now on
         self._work.set()
-        # A receive on the wire may already hold messages for us: let it answer (RocketMQ waits
-        # for in-flight receives too), then its messages are given back.
+        # A receive on the wire may already hold messages for us: a moment to answer, then its
+        # messages are given back; one still long-polling after it has nothing for us and is
+        # hung up on (the broker ends a receive whose client is gone handing out nothing), not
+        # waited for up to wait_ms as RocketMQ's push consumer does.
         self._room.set()
         if receive_tasks:
-            _, late = await asyncio.wait(receive_tasks, timeout=self.wait_ms / 1000.0 + 5.0)
+            _, late = await asyncio.wait(receive_tasks, timeout=HANG_UP_AFTER_S)
+            for poll in list(self._polls):  # long polls with nothing for us yet
+                poll.cancel()
+            if late:
+                _, late = await asyncio.wait(late, timeout=self.wait_ms / 1000.0 + 5.0)
             for t in late:
                 t.cancel()
             await asyncio.gather(*receive_tasks, return_exceptions=True)
@@ -474,6 +492,31 @@ class AsyncPushConsumer:
             )  # fmt: skip
             total += sum(max(0, o.get("lag", 0)) for o in doc["offsets"] if o["topic"] == self.topic)
         return total
+
+
+def _check_arguments(listener: Any, threads: int, batch: int, wait_ms: int, invisible_ms: int,
+                     cached: int, cached_bytes: int, backoff_ms: int, backoff_max_ms: int) -> None:
+    """Refuse, when the consumer is made, what would otherwise only surface as receives the
+    broker refuses and the receive loops retry every second."""
+    if not callable(listener):
+        raise TypeError(f"listener must be callable (message -> result), got {type(listener).__name__}")
+    for name, value, lo, hi in (
+        ("consume_thread_count", threads, 1, 10_000),
+        ("receive_batch", batch, 1, MAX_RECEIVE_MESSAGES),
+        ("wait_ms", wait_ms, 0, MAX_RECEIVE_WAIT_MS),
+        ("invisible_ms", invisible_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS),
+        ("max_cached_messages", cached, 1, 2**31),
+        ("max_cached_bytes", cached_bytes, 1, 2**62),
+        ("retry_backoff_ms", backoff_ms, 0, MAX_INVISIBLE_MS),
+        ("retry_backoff_max_ms", backoff_max_ms, backoff_ms, MAX_INVISIBLE_MS),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+            raise ValueError(f"{name} must be an integer in {lo}..{hi}, got {value!r}")
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 async def _join_all(threads: list[threading.Thread], deadline: float) -> None:

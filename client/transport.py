@@ -19,6 +19,7 @@ import orjson
 
 from client.errors import (
     BrokerUnreachableError,
+    InvalidTopicError,
     LedgerMQError,
     NotMasterError,
     ServerError,
@@ -321,6 +322,8 @@ class RouteCache:
         self._routes.pop(topic, None)
 
     async def _fetch(self, topic: str) -> TopicRoute:
+        if not isinstance(topic, str) or not topic:
+            raise InvalidTopicError(f"a topic name is a non-empty string, got {topic!r}")
         if not self.namesrv_urls:
             if not self.broker_urls:
                 raise LedgerMQError("no name server and no broker address configured")

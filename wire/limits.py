@@ -26,6 +26,11 @@ MIN_REQUEST_LIMIT_BYTES = 8 * 1024 * 1024
 MAX_PULL_MESSAGES = 1024
 # The most messages one group receive answers (a larger maxMessages is refused).
 MAX_RECEIVE_MESSAGES = 1024
+# A receive's invisibleMs and waitMs ranges (a change of invisible time may also set 0: visible
+# again at once).
+MIN_INVISIBLE_MS = 100
+MAX_INVISIBLE_MS = 12 * 3600 * 1000
+MAX_RECEIVE_WAIT_MS = 3_600_000
 
 
 def request_limit_bytes(max_message_size: int) -> int:

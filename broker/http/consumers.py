@@ -8,6 +8,7 @@ them through the same handlers when the fast path is bypassed."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, NamedTuple
 
@@ -118,9 +119,16 @@ class ConsumerHandlers:
     def __init__(self, services: BrokerServices) -> None:
         self.services = services
 
-    async def receive(self, account: Account, group: str, body: ReceiveIn, client: HttpClient) -> bytes:
+    async def receive(
+        self,
+        account: Account,
+        group: str,
+        body: ReceiveIn,
+        client: HttpClient,
+        gone: asyncio.Event | None = None,
+    ) -> bytes:
         """Messages for `group`, invisible to it until acked, as `{"messages": [...]}`; `client`
-        (`client_of`) is recorded as the group's."""
+        (`client_of`) is recorded as the group's; `gone`: see `PopService.receive`."""
         services = self.services
         services.clients.seen(group, body.topic, ClientProtocol.HTTP, client.client_id, client.addr,
                               client_type=client.client_type, language=client.language,
@@ -130,7 +138,7 @@ class ConsumerHandlers:
             message_filter = services.message_model.message_filter(body.filterType, body.filterExpression)
         got = await services.pop.receive(
             account, group, body.topic, body.maxMessages, body.invisibleMs, body.waitMs, message_filter,
-            RECEIVED_JSON,
+            RECEIVED_JSON, gone,
         )
         return orjson.dumps({"messages": [received_json(r) for r in got]})
 

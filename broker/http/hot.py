@@ -11,11 +11,13 @@ answers to a body it cannot parse (`decode_model`).
 
 from __future__ import annotations
 
+import asyncio
 import email.message
+import functools
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
@@ -315,7 +317,10 @@ class HotPath:
                     )
                 elif kind == "receive":
                     got = decode_model(ReceiveIn, name, headers, body)
-                    out = await self.h.receive(account, name, got, client_of(headers, scope.get("client")))
+                    consume = functools.partial(self.h.receive, account, name, got,
+                                                client_of(headers, scope.get("client")))
+                    # Only a long poll can outlive its client; the watch costs a task.
+                    out = await (_unless_gone(receive, consume) if got.waitMs > 0 else consume())
                 else:
                     out = await self.h.ack(account, name, decode_model(AckIn, name, headers, body))
             await _send(send, 200, out, ctype)
@@ -332,6 +337,25 @@ class HotPath:
         except Exception as exc:
             log.exception("event=http_unhandled method=%s path=%s", scope["method"], scope["path"])
             await _send_error(send, unexpected(exc))
+
+
+async def _unless_gone(receive: Any, run: Callable[[asyncio.Event], Awaitable[bytes]]) -> bytes:
+    """`run(gone)`, with `gone` set if the client hangs up meanwhile. A long-polling receive whose
+    consumer went away (shut down, killed) would otherwise still take the next messages, and they
+    would wait out their invisible time unseen."""
+    gone = asyncio.Event()
+
+    async def watch() -> None:
+        # The body is read: the server's next event for this request is its disconnect.
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await run(gone)
+    finally:
+        watcher.cancel()
 
 
 def _query(scope: dict[str, Any]) -> dict[str, str]:

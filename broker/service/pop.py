@@ -62,17 +62,12 @@ from broker.service.state import BrokerState
 from broker.service.trace import DeliveryEvent, DeliveryTrace
 from broker.store.get_service import DEFAULT_PULL_BYTES, decode_ext
 from broker.topics import validate_topic
-from wire.limits import MAX_RECEIVE_MESSAGES
+from wire.limits import MAX_INVISIBLE_MS, MAX_RECEIVE_MESSAGES, MAX_RECEIVE_WAIT_MS, MIN_INVISIBLE_MS
 
 log = logging.getLogger(__name__)
 
 DLQ_PREFIX = "%DLQ%"
 
-# The bounds of a receive (the HTTP schema publishes the same numbers; the most messages is the
-# wire vocabulary's, which clients size their receives by).
-MIN_INVISIBLE_MS = 100  # of a receive; change_invisible may set 0 (visible again at once)
-MAX_INVISIBLE_MS = 12 * 3600 * 1000
-MAX_RECEIVE_WAIT_MS = 3_600_000
 # A group's DLQ topic, %DLQ%{group}, must still be a legal topic name (at most 127 characters).
 MAX_GROUP_LENGTH = 120
 GROUP_NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,120}$")
@@ -413,12 +408,15 @@ class PopService:
         wait_ms: int,
         message_filter: MessageFilter | None = None,
         render: Rendering = AS_MESSAGE_EXT,
+        gone: asyncio.Event | None = None,
     ) -> list[ReceivedMessage]:
         """Up to `max_messages` messages of `topic` for `group`, each invisible to the group for
         `invisible_ms`; when there are none, wait up to `wait_ms` (capped by
         brokerSuspendMaxTimeMillis) for one. `message_filter` (`MessageModelService
         .message_filter`): only matching messages are handed out, the others settle at once.
-        `render`: what each handed-out message is (a `MessageExt` by default)."""
+        `render`: what each handed-out message is (a `MessageExt` by default). `gone`: set by
+        the front-end when the client hangs up; the wait ends then, and nothing is handed out
+        (what a collect took meanwhile is made visible again at once)."""
         _in_range("maxMessages", max_messages, 1, MAX_RECEIVE_MESSAGES)
         _in_range("invisibleMs", invisible_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
         _in_range("waitMs", wait_ms, 0, MAX_RECEIVE_WAIT_MS)
@@ -432,10 +430,21 @@ class PopService:
             retry_max = self.model.retry_max_times(group)
             batch = _Batch(max_messages, invisible_ms, message_filter, retry_max, render)
             out = await self._collect(group, topic, st, batch)
+            if gone is not None and gone.is_set():
+                # Handed to a closed connection, they would wait out their invisible time.
+                await self._release(account, group, topic, out)
+                return []
             remaining = deadline - time.monotonic()
             if out or remaining <= 0 or not self.config.long_polling_enable:
                 return out
-            await self._wait(topic, st, remaining)
+            await self._wait(topic, st, remaining, gone)
+
+    async def _release(self, account: Account, group: str, topic: str, out: list[ReceivedMessage]) -> None:
+        for r in out:
+            try:
+                await self.change_invisible(account, group, topic, r.receipt_handle, 0)
+            except BrokerError as exc:  # settled meanwhile (an ack of an older handle): nothing to do
+                log.debug("event=pop_release_skipped group=%s topic=%s code=%s", group, topic, exc.code)
 
     async def _collect(
         self, group: str, topic: str, st: GroupTopicState, batch: _Batch
@@ -609,9 +618,11 @@ class PopService:
         # tuple.__new__: a NamedTuple's own constructor is Python code.
         return _tuple_new(ReceivedMessage, (item, self._handle(qid, off, delivery), times))
 
-    async def _wait(self, topic: str, st: GroupTopicState, remaining_s: float) -> None:
+    async def _wait(
+        self, topic: str, st: GroupTopicState, remaining_s: float, gone: asyncio.Event | None
+    ) -> None:
         """Sleep until a queue gets a new message (dispatcher wake-up), an in-flight message turns
-        visible, or `remaining_s` passes."""
+        visible, the client is `gone`, or `remaining_s` passes."""
         now = _now_ms()
         expiries = [f.invisible_until_ms for qs in st.queues.values() for f in qs.inflight.values()]
         timeout = remaining_s
@@ -624,6 +635,8 @@ class PopService:
         if st.orderly:
             st.settled.clear()
             tasks.append(asyncio.ensure_future(st.settled.wait()))
+        if tasks and gone is not None:
+            tasks.append(asyncio.ensure_future(gone.wait()))
         if not tasks:  # a topic with no readable queue: nothing can arrive, just honour waitMs
             await asyncio.sleep(timeout)
             return

@@ -23,13 +23,16 @@ from client import (
     Message,
     Producer,
     PullConsumer,
+    PushConsumer,
     SimpleConsumer,
 )
 from client.admin import AsyncAdmin
 from client.errors import (
     BadRequestError,
     BrokerUnreachableError,
+    InvalidTopicError,
     MessageNotFoundError,
+    QueueNotExistError,
     ServerError,
     TopicNotExistError,
 )
@@ -169,6 +172,37 @@ def test_a_malformed_topic_name_is_a_bad_request_not_an_unreachable_name_server(
         p.send("t" * 300, "x")
     with PullConsumer(env["ns"]) as c, pytest.raises(BadRequestError):
         c.queues("t" * 300)
+
+
+def test_a_callers_mistakes_get_errors_that_name_them(env):
+    """What a first program gets wrong is named by the SDK before (or instead of) a confusing
+    answer: a body that is not bytes or text, an empty topic, a queue the topic does not have, an
+    ack of something that was not received, a push consumer that can never consume. RocketMQ's
+    space-separated keys string is taken as its keys."""
+    create_topic(env, "mistakes", 2, "broker-c1")
+    with Producer(env["ns"]) as p:
+        for body in ({"a": 1}, 5, None):
+            with pytest.raises(TypeError, match=f"body is bytes or str, got {type(body).__name__}"):
+                p.send("mistakes", body)
+        with pytest.raises(InvalidTopicError, match="non-empty string"):
+            p.send("", "x")
+        with pytest.raises(QueueNotExistError, match="queue 7 does not exist: topic 'mistakes' has 2 write"):
+            p.send("mistakes", "x", queue_id=7)
+        sent = p.send("mistakes", bytearray(b"from a bytearray"), keys="k1 k2", queue_id=0)
+    with PullConsumer(env["ns"]) as c:
+        (m,) = c.pull("mistakes", 0, sent.queue_offset, broker_name="broker-c1").messages
+    assert (m.body, m.keys) == (b"from a bytearray", ["k1", "k2"])
+    with SimpleConsumer("g-mistakes", "mistakes", env["ns"]) as sc:
+        with pytest.raises(TypeError, match="expected a ReceivedMessage"):
+            sc.ack("a receipt handle as a string")
+        with pytest.raises(TypeError, match="expected a ReceivedMessage"):
+            sc.ack_async(m.msg_id)
+    with pytest.raises(TypeError, match="listener must be callable"):
+        PushConsumer("g-mistakes", "mistakes", "handle", env["ns"])
+    for kw, name in (({"consume_thread_count": 0}, "consume_thread_count"),
+                     ({"invisible_ms": 10}, "invisible_ms"), ({"receive_batch": 5000}, "receive_batch")):
+        with pytest.raises(ValueError, match=f"{name} must be an integer in"):
+            PushConsumer("g-mistakes", "mistakes", lambda msg: None, env["ns"], **kw)
 
 
 # -- 2. query by message id picks the broker the id names ---------------------------------------

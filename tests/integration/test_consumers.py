@@ -7,6 +7,7 @@ meanwhile, a shutdown in the middle loses nothing)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from collections import Counter
@@ -273,6 +274,47 @@ def test_push_consumer_shutdown_in_the_middle_loses_nothing(env):
     # Everything consumed before the shutdown was acked, the rest given back: nothing came twice.
     assert max(seen.values()) == 1, [k for k, v in seen.items() if v > 1][:5]
     assert c2.stats["consumed"] == len(bodies) - first
+
+
+def test_a_long_poll_whose_client_hangs_up_takes_no_message(env):
+    """A consumer killed (or shut down) during a receive's long poll: its socket closes, and the
+    broker ends that receive handing out nothing, so the next message goes to a live consumer at
+    once instead of waiting out its invisible time (60 s here) unseen."""
+    ns, broker = env
+    fill(env, "hangup", 0, queues=1)
+    host, port = broker.rsplit(":", 1)
+    body = b'{"topic": "hangup", "maxMessages": 8, "invisibleMs": 60000, "waitMs": 20000}'
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"POST /consumers/g-hangup/receive HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(0.5)  # the receive is long-polling now
+    time.sleep(0.2)
+    with Producer(ns) as p:
+        p.send("hangup", "after the hang-up")
+    with SimpleConsumer("g-hangup", "hangup", ns) as c:
+        got = c.receive(max_messages=8, wait_ms=3000, invisible_ms=60000)
+    assert [m.text for m in got] == ["after the hang-up"]
+
+
+def test_push_consumer_shutdown_does_not_wait_out_its_long_polls(env):
+    """Idle, every receive of the consumer is long-polling (wait_ms 20 s): shutdown hangs up on
+    them instead of waiting them out, and a message sent right after goes to the next consumer at
+    once (the broker gave the hung-up receives nothing)."""
+    ns, _ = env
+    fill(env, "idle-shut", 0, queues=2)
+    seen: list[str] = []
+    c = PushConsumer("g-idle-shut", "idle-shut", lambda m: seen.append(m.text), ns, wait_ms=20_000)
+    c.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    c.shutdown()
+    took = time.monotonic() - started
+    assert took < 5.0, f"shutdown took {took:.1f} s: it waited for its long polls"
+    with Producer(ns) as p:
+        p.send("idle-shut", "next")
+    with SimpleConsumer("g-idle-shut", "idle-shut", ns) as s:
+        got = s.receive(max_messages=8, wait_ms=3000)
+    assert [m.text for m in got] == ["next"] and seen == []
 
 
 async def test_async_push_consumer_runs_a_coroutine_listener(env):
