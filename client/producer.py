@@ -100,7 +100,8 @@ class AsyncProducer:
     """Asyncio producer. `namesrv_addr`: `host:port;host:port` or a list; `broker_addr` for a
     single broker without a name server. See the module docstring for batching, retries and
     the errors; defaults follow Kafka's producer (linger 5 ms, 5 requests in flight per set,
-    32 MiB buffer) and the broker's batch shape (256 KiB, the size of one DLedger entry).
+    32 MiB buffer); a batch is up to 1 MiB (four of the broker's 256 KiB DLedger entries): a request
+    costs the set a fixed ~1 ms of CPU besides its messages, so fewer, larger requests go faster.
     `client_id` names this producer in the brokers' client lists (default `host@pid@random`)."""
 
     def __init__(
@@ -113,7 +114,7 @@ class AsyncProducer:
         request_timeout_s: float = 5.0,
         linger_ms: float = 5.0,
         batch_max_messages: int = 1000,
-        batch_max_bytes: int = 256 * 1024,
+        batch_max_bytes: int = 1024 * 1024,
         max_in_flight: int = 5,
         buffer_max_bytes: int = 32 * 1024 * 1024,
         max_block_ms: float = 60_000,
