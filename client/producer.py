@@ -39,8 +39,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import uvloop
-
 from client.accumulator import BufferPool, Record, RecordAccumulator
 from client.errors import (
     LedgerMQError,
@@ -50,7 +48,7 @@ from client.errors import (
     TopicNotExistError,
 )
 from client.fault import LatencyFaultTolerance
-from client.loop import LightFuture, close_at_exit, closed
+from client.loop import BackgroundLoop, LightFuture, close_at_exit, closed
 from client.message import KeyGenerator, Message, SendResult, as_message
 from client.one_request import OneRequest, send_one_request
 from client.sender import Sender
@@ -562,15 +560,12 @@ class Producer:
     never closes is closed at interpreter exit: what it was given is sent first (`client.loop`)."""
 
     def __init__(self, namesrv_addr: str | list[str] | None = None, **kw: Any) -> None:
-        self._loop = uvloop.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="ledgermq-producer", daemon=True)
-        self._thread.start()
+        self._bg = BackgroundLoop("ledgermq-producer")
+        self._loop = self._bg.loop
         try:
             self._p: AsyncProducer = self._call(_make(AsyncProducer, namesrv_addr, **kw))
         except BaseException:  # a bad argument: no I/O thread left behind
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
+            self._bg.close()
             raise
         self._intake: collections.deque[tuple[Any, ...]] = collections.deque()
         self._intake_lock = threading.Lock()
@@ -756,9 +751,7 @@ class Producer:
         try:
             self._call(self._flush_and_close(timeout_s))
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
+            self._bg.close()
 
     async def _flush_and_close(self, timeout_s: float | None) -> None:
         try:
