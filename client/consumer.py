@@ -58,6 +58,12 @@ FILTER_TYPES = ("TAG", "SQL92")
 # on (the broker then ends it handing out nothing) instead of being waited for up to its waitMs.
 # The moment lets an answer already on its way arrive, so its messages are given back at once.
 HANG_UP_AFTER_S = 0.5
+# How long a consumer's request (a receive's long poll above all) may go unanswered before the
+# set's master is looked up again (and then as often while it stays unanswered): a master that
+# hangs or is cut off is replaced by the set within ~1-2 s (DLedger's heartbeats), its receives
+# move within about this long after. One name-server read per topic per interval while long polls
+# are out, shared by the consumer's requests.
+MASTER_WATCH_S = 3.0
 
 
 def filter_fields(filter_type: str, expression: str | None) -> dict[str, str]:
@@ -133,14 +139,36 @@ class _RouteUser:
         self.routes.invalidate(topic)
         raise last or BrokerUnreachableError(f"no address for broker set {broker.broker_name}")
 
-    async def _write(self, topic: str, broker: BrokerSetRoute, path: str, body: dict[str, Any]) -> Any:
-        """POST `body` to the set's master; the cached route is dropped when it is unreachable
-        or no longer the master."""
-        try:
-            return await self.transport.request("POST", broker.write_url() + path, json=body)
-        except (BrokerUnreachableError, NotMasterError):
-            self.routes.invalidate(topic)
-            raise
+    async def _write(
+        self, topic: str, broker: BrokerSetRoute, path: str, body: dict[str, Any], method: str = "POST"
+    ) -> Any:
+        """`body` to the set's master; the cached route is dropped when it is unreachable or no
+        longer the master.
+
+        A request still unanswered after `MASTER_WATCH_S` (a long poll, or a master that stopped
+        answering: hung, or cut off from its set and the clients) has the set's master looked up
+        again every `MASTER_WATCH_S`; when the set has elected another meanwhile, the request is
+        hung up on and sent there. Without this a receive would wait out its request timeout
+        (waitMs + 10 s) on a master that can no longer serve it. Sending a consumer's write again
+        is safe: what a hung-up receive took is visible again after its invisible time (at once
+        if the old master ever reads the hang-up), settling a handle twice answers OK, and an
+        offset commit sets the same offsets again."""
+        url = broker.write_url()
+        while True:
+            try:
+                answer, moved_to = await self.routes.unless_master_moves(
+                    topic, broker.broker_name, url, self.transport.request(method, url + path, json=body),
+                    MASTER_WATCH_S,
+                )
+            except (BrokerUnreachableError, NotMasterError):
+                self.routes.invalidate(topic)
+                raise
+            if moved_to is None:
+                return answer
+            log.warning("broker set %s elected master %s while %s left a request unanswered for %g s or "
+                        "more: sending it to the new master (%s %s)", broker.broker_name, moved_to, url,
+                        MASTER_WATCH_S, topic, path)
+            url = moved_to
 
     async def close(self) -> None:
         """Close the HTTP connections."""
@@ -213,9 +241,25 @@ class AsyncPullConsumer(_RouteUser):
         params = {"offset": offset, "maxMessages": max_messages, "waitMs": wait_ms, "format": "binary",
                   **filter_fields(filter_type, filter_expression)}
         last: LedgerMQError | None = None
-        for url in broker.urls():
+        urls = broker.urls()
+        master = urls[0] if broker.master_addr else None
+        while urls:
+            url = urls.pop(0)
             try:
-                resp = await self.transport.send("GET", url + path, params=params)
+                if url != master:
+                    resp = await self.transport.send("GET", url + path, params=params)
+                else:  # a long poll on a master that stops answering moves with the set's master
+                    answer, moved_to = await self.routes.unless_master_moves(
+                        topic, broker.broker_name, url, self.transport.send("GET", url + path, params=params),
+                        MASTER_WATCH_S,
+                    )
+                    if moved_to is not None:
+                        log.warning("broker set %s elected master %s while %s left a pull unanswered: "
+                                    "pulling from the new master", broker.broker_name, moved_to, url)
+                        master = moved_to
+                        urls.insert(0, moved_to)
+                        continue
+                    resp = answer
             except BrokerUnreachableError as exc:
                 last = exc
                 continue
@@ -242,15 +286,8 @@ class AsyncPullConsumer(_RouteUser):
         self, group: str, topic: str, offsets: dict[int, int], broker_name: str | None = None
     ) -> None:
         broker = await self._broker(topic, broker_name)
-        try:
-            await self.transport.request(
-                "PUT",
-                f"{broker.write_url()}/consumers/{seg(group)}/offsets",
-                json={"topic": topic, "offsets": {str(k): v for k, v in offsets.items()}},
-            )
-        except (BrokerUnreachableError, NotMasterError):
-            self.routes.invalidate(topic)
-            raise
+        await self._write(topic, broker, f"/consumers/{seg(group)}/offsets",
+                          {"topic": topic, "offsets": {str(k): v for k, v in offsets.items()}}, method="PUT")
 
     async def iterate(
         self,

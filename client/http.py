@@ -24,6 +24,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlencode, urlsplit
 
@@ -342,6 +343,10 @@ def _encode(
     return data
 
 
+# How often to ask, and what: a check that returns why the answer is no longer wanted, or None.
+Watch = tuple[float, Callable[[], str | None]]
+
+
 class _BlockingConnection:
     """One blocking socket (TCP or TLS) of `BlockingHttpClient`; one request at a time."""
 
@@ -381,12 +386,16 @@ class _BlockingConnection:
             pass
         return True
 
-    def request(self, data: bytes | list[bytes], timeout_s: float) -> HttpResponse:
+    def request(
+        self, data: bytes | list[bytes], timeout_s: float, watch: Watch | None = None
+    ) -> HttpResponse:
         """Write one request and read its answer; HttpTransportError with the phase it failed in
-        (the connection is then unusable)."""
+        (the connection is then unusable). With `watch` (seconds, check), `check()` is asked
+        every that many seconds while no answer has come: a reason it returns ends the wait."""
         self._headers, self._body, self._complete = {}, [], False
         parser = self._parser = httptools.HttpResponseParser(self)
         deadline = time.monotonic() + timeout_s
+        check_at = deadline if watch is None else time.monotonic() + watch[0]
         phase = RequestPhase.SEND
         try:
             self.sock.settimeout(timeout_s)
@@ -397,11 +406,22 @@ class _BlockingConnection:
                 self.sock.sendall(data)
             phase = RequestPhase.AWAIT
             while not self._complete:
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                left = deadline - now
                 if left <= 0:
                     raise TimeoutError
-                self.sock.settimeout(left)
-                chunk = self.sock.recv(65536)
+                if watch is not None and now >= check_at:
+                    reason = watch[1]()
+                    if reason:
+                        raise HttpTransportError(f"no answer from {self.name} yet, given up: {reason}", phase)
+                    check_at = now + watch[0]
+                self.sock.settimeout(min(left, check_at - now) if watch is not None else left)
+                try:
+                    chunk = self.sock.recv(65536)
+                except TimeoutError:
+                    if watch is None:
+                        raise
+                    continue  # the deadline or the next check
                 if not chunk:
                     raise HttpTransportError(
                         f"connection to {self.name} closed before a complete answer", phase
@@ -452,8 +472,10 @@ class BlockingHttpClient:
         body: bytes = b"",
         headers: dict[str, str] | None = None,
         timeout_s: float = 10.0,
+        watch: Watch | None = None,
     ) -> HttpResponse:
-        """The complete answer of any status, or HttpTransportError with the phase it failed in."""
+        """The complete answer of any status, or HttpTransportError with the phase it failed in.
+        `watch`: see `_BlockingConnection.request`."""
         scheme, netloc, target = _split(url, None)
         host, _, port = netloc.rpartition(":")
         if not host or not port.isdigit():
@@ -463,7 +485,7 @@ class BlockingHttpClient:
         data = _encode(method, target, f"{host}:{port}".encode("latin-1"), body, self._extra, headers)
         conn = self._acquire(key, scheme, host, int(port))
         try:
-            resp = conn.request(data, timeout_s)
+            resp = conn.request(data, timeout_s, watch)
         except BaseException:
             conn.close()
             raise

@@ -51,7 +51,7 @@ from client.fault import LatencyFaultTolerance
 from client.loop import BackgroundLoop, LightFuture, close_at_exit, closed
 from client.message import KeyGenerator, Message, SendResult, as_message
 from client.one_request import OneRequest, send_one_request
-from client.sender import Sender
+from client.sender import MASTER_WATCH_S, Sender
 from client.transaction import BlockingTransaction, CheckLoop, Transaction, TransactionChecker
 from client.transport import (
     PERM_WRITE,
@@ -628,7 +628,8 @@ class Producer:
         p.stats["requests"] += 1
         try:
             answer = p.transport.request_blocking(
-                "POST", f"{url}/topics/{seg(topic)}/messages", json={"messages": [doc]}
+                "POST", f"{url}/topics/{seg(topic)}/messages", json={"messages": [doc]},
+                watch=(MASTER_WATCH_S, lambda: self._master_moved(topic, target.broker_name, url)),
             )
         except LedgerMQError as exc:
             if isinstance(exc, NotMasterError) and exc.master_addr:
@@ -643,6 +644,14 @@ class Producer:
             return self._call(send_one_request(p, send, first=exc, started=started))[0]
         p.fault.update(target.broker_name, (time.monotonic() - started) * 1000, failed=False)
         return SendResult.from_json(answer["results"][0], target.broker_name)
+
+    def _master_moved(self, topic: str, broker_name: str, url: str) -> str | None:
+        """For a send on the caller's thread still unanswered: why to give it up (the set elected
+        another master than `url`), or None. The I/O thread retries it there with the same key."""
+        master = self._call(self._p.routes.master_now(topic, broker_name, MASTER_WATCH_S))
+        if master is None or master == url:
+            return None
+        return f"broker set {broker_name} elected {master} its master meanwhile"
 
     def send_async(
         self,

@@ -30,6 +30,7 @@ from client.errors import (
     BrokerUnreachableError,
     LedgerMQError,
     NotMasterError,
+    OutcomeUnknownError,
     SendOutcomeUnknownError,
     SendTimeoutError,
     ServerError,
@@ -42,6 +43,11 @@ from client.transport import AsyncTransport, BrokerSetRoute, RouteCache, base_ur
 log = logging.getLogger(__name__)
 
 RETRY_BACKOFF_MS = 100
+# A produce request unanswered this long has its set's master looked up again (and as often
+# after): when the set elected another master meanwhile (the old one hung, or is cut off), the
+# request is given up and its batch retried there at once, instead of waiting out
+# `request_timeout_s` against a master that can no longer store it.
+MASTER_WATCH_S = 1.0
 RETRY_BACKOFF_MAX_MS = 1000
 _JSON = {"Content-Type": "application/json"}
 _MESSAGE_FIELD = re.compile(r"^messages\[(\d+)\]")
@@ -202,14 +208,28 @@ class Sender:
             batch.payload = orjson.dumps({"messages": [r.doc for r in batch.records]})
         self.stats["requests"] += 1
         what = f"POST {url}/topics/{seg(batch.topic)}/messages"
-        resp = await self.transport.send(
-            "POST",
-            f"{url}/topics/{seg(batch.topic)}/messages",
-            body=batch.payload,
-            headers=_JSON,
-            timeout_s=self.request_timeout_s,
+        answer, moved_to = await self.routes.unless_master_moves(
+            batch.topic,
+            batch.broker_name,
+            url,
+            self.transport.send(
+                "POST",
+                f"{url}/topics/{seg(batch.topic)}/messages",
+                body=batch.payload,
+                headers=_JSON,
+                timeout_s=self.request_timeout_s,
+            ),
+            MASTER_WATCH_S,
         )
-        return decode_answer(resp, what)
+        if moved_to is not None:
+            # The old master may have stored the batch before it stopped answering: an unknown
+            # outcome, retried with the same keys on the same set (the new master answers a key
+            # the set already stored with its first result).
+            raise OutcomeUnknownError(
+                f"{what}: no answer within {MASTER_WATCH_S:g} s, and broker set {batch.broker_name} "
+                f"elected {moved_to} its master meanwhile; hung up to send it there"
+            )
+        return decode_answer(answer, what)
 
     # ---- outcomes ------------------------------------------------------------------------------
     def _complete(self, records: list[Record], results: list[dict[str, Any]], broker_name: str) -> None:

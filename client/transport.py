@@ -11,8 +11,9 @@ import platform
 import socket
 import ssl
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 import orjson
@@ -26,10 +27,12 @@ from client.errors import (
     TopicNotExistError,
     error_from_problem,
 )
-from client.http import BlockingHttpClient, HttpClient, HttpResponse, HttpTransportError
+from client.http import BlockingHttpClient, HttpClient, HttpResponse, HttpTransportError, Watch
 from client.outcome import ERROR_FOR_PHASE
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 PERM_WRITE = 2
 PERM_READ = 4
@@ -167,9 +170,9 @@ class AsyncTransport:
         )
         return decode_answer(resp, f"{method} {url}")
 
-    def request_blocking(self, method: str, url: str, *, json: Any) -> Any:
+    def request_blocking(self, method: str, url: str, *, json: Any, watch: Watch | None = None) -> Any:
         """`request` on the calling thread, over blocking sockets (`client.http.BlockingHttpClient`),
-        for a caller that waits for the answer anyway."""
+        for a caller that waits for the answer anyway; `watch` as `BlockingHttpClient.request`."""
         try:
             resp = self.blocking_http.request(
                 method,
@@ -177,6 +180,7 @@ class AsyncTransport:
                 body=orjson.dumps(json),
                 headers={"Content-Type": "application/json"},
                 timeout_s=self.timeout_s,
+                watch=watch,
             )
         except HttpTransportError as exc:
             raise ERROR_FOR_PHASE[exc.phase](f"{method} {url}: {exc} (failed in phase {exc.phase})") from exc
@@ -306,6 +310,47 @@ class RouteCache:
         if broker is None or broker.master_url is None:
             raise NotMasterError(f"broker set {broker_name} has no master in the route")
         return broker.master_url
+
+    async def master_now(self, topic: str, broker_name: str, max_age_s: float) -> str | None:
+        """The base URL of `broker_name`'s master per a route of `topic` at most `max_age_s` old:
+        read again from the name servers when the cached one is older (one read for every caller
+        asking meanwhile). None when the route names no master for the set (an election under
+        way) or no name server answers — quietly: the caller asks again later."""
+        route = self._routes.get(topic)
+        if route is None or time.monotonic() - route.fetched_at >= max_age_s:
+            async with self._lock:
+                route = self._routes.get(topic)
+                if route is None or time.monotonic() - route.fetched_at >= max_age_s:
+                    try:
+                        route = await self._fetch(topic)
+                    except LedgerMQError as exc:
+                        log.debug("route check failed topic=%s: %s", topic, exc)
+                        return None
+                    self._routes[topic] = route
+        broker = route.broker(broker_name)
+        return base_url(broker.master_addr) if broker is not None and broker.master_addr else None
+
+    async def unless_master_moves(
+        self, topic: str, broker_name: str, url: str, send: Awaitable[T], every_s: float
+    ) -> tuple[T, None] | tuple[None, str]:
+        """Await `send`, a request to `url` as the set's master, and raise what it raises:
+        (its answer, None). While it waits, the set's master is looked up every `every_s`; if
+        the route names another one first (the set elected it: the old one hung, crashed or was
+        cut off), the request is cancelled and (None, the new master's URL) returned. Cancelling
+        the caller cancels the request too."""
+        request = asyncio.ensure_future(send)
+        try:
+            while True:
+                done, _ = await asyncio.wait((request,), timeout=every_s)
+                if done:
+                    return request.result(), None
+                master = await self.master_now(topic, broker_name, every_s)
+                if master is not None and master != url and not request.done():
+                    return None, master
+        finally:
+            if not request.done():
+                request.cancel()
+                await asyncio.wait((request,))
 
     def cached(self, topic: str) -> TopicRoute | None:
         """The cached route of `topic`, however old (no I/O)."""
