@@ -33,6 +33,13 @@ FORWARDED = "x-ledgermq-forwarded"
 # How long a slave waits for a master that takes the call before it answers NOT_MASTER.
 MASTER_WAIT_S = 3.0
 MASTER_POLL_S = 0.05
+# A forwarded call the master leaves unanswered this long has the set's master looked up again,
+# and as often after (the log's word: no I/O once known): when the set has elected another one
+# meanwhile (the old one hangs, or is cut off), the call is given up there and forwarded to the
+# new master, instead of waiting out the client's deadline on one that can no longer serve it.
+MOVED_CHECK_S = 0.5
+# `_unless_master_moves`'s answer when the master moved before the call answered.
+_MOVED = object()
 _DEFAULT_TIMEOUT_S = 10.0
 # Answers that mean "the member you reached is not the master (yet)": ask again.
 _NOT_MASTER_CODES = frozenset({Code.HA_NOT_AVAILABLE})
@@ -105,18 +112,22 @@ class Forwarder:
             try:
                 # The generated stub's RPC by its protocol name (one forwarder for every RPC),
                 # not a probe of our own objects.
-                answer = await getattr(self._stub(addr), method)(
+                reply = await self._unless_master_moves(addr, getattr(self._stub(addr), method)(
                     request, metadata=self._metadata(context), timeout=_remaining(context)
-                )
+                ))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise _unreachable(addr, exc) from None
                 log.info("event=grpc_forward_retry master=%s code=%s", addr, exc.code().name)
                 failed.add(addr)  # gone: ask for another
             else:
-                if answer.status.code not in _NOT_MASTER_CODES:
-                    return answer
-                await asyncio.sleep(MASTER_POLL_S)  # not master yet (catching up): ask again
+                if reply is _MOVED:
+                    failed.add(addr)  # hung or cut off: the set's new master takes it
+                else:
+                    answer = reply
+                    if answer.status.code not in _NOT_MASTER_CODES:
+                        return answer
+                    await asyncio.sleep(MASTER_POLL_S)  # not master yet (catching up): ask again
             self.retried += 1
             if time.monotonic() >= deadline:
                 if answer is not None:
@@ -137,12 +148,20 @@ class Forwarder:
             )
             answered = gone = False
             try:
-                async for item in call:
-                    if not answered and item.status.code in _NOT_MASTER_CODES and time.monotonic() < deadline:
-                        break  # that member is no master (yet): ask again
-                    answered = True
-                    yield item
+                items = call.__aiter__()
+                try:
+                    first = await self._unless_master_moves(addr, items.__anext__())
+                except StopAsyncIteration:
+                    return
+                if first is _MOVED:
+                    gone = True  # hung or cut off: the set's new master takes it
+                elif first.status.code in _NOT_MASTER_CODES and time.monotonic() < deadline:
+                    pass  # that member is no master (yet): ask again
                 else:
+                    answered = True
+                    yield first
+                    async for item in items:
+                        yield item
                     return
             except grpc.aio.AioRpcError as exc:
                 if answered or exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
@@ -158,6 +177,25 @@ class Forwarder:
             else:
                 await asyncio.sleep(MASTER_POLL_S)
             self.retried += 1
+
+    async def _unless_master_moves(self, addr: str, answer: Awaitable[Any]) -> Any:
+        """What `answer` (of a call forwarded to master `addr`) brings, or `_MOVED` when the set
+        names another master before it comes (the call is then cancelled)."""
+        waiting = asyncio.ensure_future(answer)
+        started = time.monotonic()
+        try:
+            while True:
+                done, _ = await asyncio.wait((waiting,), timeout=MOVED_CHECK_S)
+                if done:
+                    return waiting.result()
+                master = await self._master_grpc_addr(frozenset())
+                if master is not None and master != addr:
+                    log.info("event=grpc_forward_moved master=%s new_master=%s after_s=%.1f", addr, master,
+                             time.monotonic() - started)
+                    return _MOVED
+        finally:
+            if not waiting.done():
+                waiting.cancel()
 
     async def close(self) -> None:
         for channel, _ in self._channels.values():

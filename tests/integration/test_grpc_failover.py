@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import signal
 import time
+import uuid
+from typing import Any
 
+import grpc
 import httpx
 from rocketmq import ClientConfiguration, Credentials, Message, Producer
 
+from broker.grpc.protocol import Code, pb, spb, spb_grpc
 from tests.integration._grpc_harness import grpc_set
 
 SEND_S = 20.0
@@ -89,3 +93,43 @@ def test_master_sigkill_during_python_producer_sends(tmp_path) -> None:
         missing = {f"f-{i}" for i in acked} - set(stored)
         assert not missing, f"{len(missing)} acked messages lost, e.g. {sorted(missing)[:5]}"
         assert len(stored) == len(set(stored)), "a message was stored twice"
+
+
+def test_a_send_forwarded_to_a_master_that_hangs_goes_to_the_new_master(tmp_path) -> None:
+    """A slave forwards a send to its master, which stops answering with its connections open
+    (SIGSTOP: hung, or cut off). The set elects another master within a second or two; the
+    forwarded call moves there (`forward.MOVED_CHECK_S`) instead of waiting out the client's
+    deadline on the old one."""
+    topic = "grpc-hung"
+    with grpc_set(tmp_path) as cluster:
+        cluster.create_topic(topic, queues=2)
+        old = cluster.master()
+        slave = next(sid for sid in cluster.grpc if sid != old)
+
+        def send(body: bytes, deadline_s: float) -> tuple[Any, float]:
+            msg = pb.Message(
+                topic=pb.Resource(name=topic),
+                system_properties=pb.SystemProperties(message_id="01" + uuid.uuid4().hex.upper(),
+                                                      message_type=pb.NORMAL),
+                body=body,
+            )
+            started = time.monotonic()
+            with grpc.insecure_channel(cluster.grpc[slave]) as channel:
+                resp = spb_grpc.MessagingServiceStub(channel).SendMessage(
+                    spb.SendMessageRequest(messages=[msg]), metadata=[("x-mq-client-id", "t")],
+                    timeout=deadline_s,
+                )
+            return resp, time.monotonic() - started
+
+        resp, _ = send(b"before", 10)  # the slave's channel to the master is up
+        assert resp.status.code == Code.OK, resp.status
+        cluster.group.procs[old].send_signal(signal.SIGSTOP)
+        try:
+            resp, took = send(b"while-hung", 15)
+            assert resp.status.code == Code.OK, resp.status
+            assert took < 8, f"the forwarded send took {took:.1f} s (the old code waited out its 15 s)"
+            new = cluster.master(exclude=frozenset({old}))
+            stored = pull_bodies(cluster.http[new], topic, 2)
+            assert sorted(stored) == ["before", "while-hung"], stored
+        finally:
+            cluster.group.procs[old].send_signal(signal.SIGCONT)
