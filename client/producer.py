@@ -648,7 +648,10 @@ class Producer:
     def _master_moved(self, topic: str, broker_name: str, url: str) -> str | None:
         """For a send on the caller's thread still unanswered: why to give it up (the set elected
         another master than `url`), or None. The I/O thread retries it there with the same key."""
-        master = self._call(self._p.routes.master_now(topic, broker_name, MASTER_WATCH_S))
+        try:
+            master = self._call(self._p.routes.master_now(topic, broker_name, MASTER_WATCH_S))
+        except (RuntimeError, concurrent.futures.CancelledError):  # closed meanwhile: its loop is gone
+            return None
         if master is None or master == url:
             return None
         return f"broker set {broker_name} elected {master} its master meanwhile"
