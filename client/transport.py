@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import logging
+import math
 import os
 import platform
 import socket
 import ssl
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
@@ -284,6 +285,7 @@ class RouteCache:
         self._routes: dict[str, TopicRoute] = {}
         self._next_ns = 0
         self._lock = asyncio.Lock()
+        self._warned_at: dict[str, float] = {}
 
     async def get(self, topic: str, refresh: bool = False) -> TopicRoute:
         route = self._routes.get(topic)
@@ -295,13 +297,46 @@ class RouteCache:
                 return route
             try:
                 route = await self._fetch(topic)
-            except BrokerUnreachableError:
-                if route:  # name servers down: keep using the cached route (RocketMQ clients do)
-                    log.warning("route refresh failed for topic=%s; using cached route", topic)
-                    return route
-                raise
+            except BrokerUnreachableError as exc:
+                if route is None:
+                    raise
+                # Name servers down: keep the cached route (RocketMQ clients do), its masters as
+                # the sets' members now name them.
+                route = await self._without_name_servers(route, exc)
             self._routes[topic] = route
             return route
+
+    async def _without_name_servers(self, route: TopicRoute, why: LedgerMQError) -> TopicRoute:
+        """`route` (cached) with each set's master as its members report it (`GET /status`: the
+        member of the highest term that names one), for while no name server answers: a set
+        whose master died or hung meanwhile is still found. Kept briefly, then the name servers
+        are asked again."""
+        now = time.monotonic()
+        if now - self._warned_at.get(route.topic, -1e9) >= NAMESRV_DOWN_LOG_S:
+            self._warned_at[route.topic] = now
+            log.warning("route refresh failed for topic=%s (%s); using the cached route, its masters as the "
+                        "broker sets' members name them", route.topic, why)
+        brokers = await asyncio.gather(*(self._master_by_members(b) for b in route.brokers))
+        return TopicRoute(route.topic, list(brokers), fetched_at=now - self.ttl_s + DEFAULT_ROUTE_TTL_S)
+
+    async def _master_by_members(self, broker: BrokerSetRoute) -> BrokerSetRoute:
+        async def status(addr: str) -> tuple[int, str] | None:
+            try:
+                doc = await self.transport.request(
+                    "GET", f"{base_url(addr)}/status", timeout_s=MEMBER_STATUS_TIMEOUT_S
+                )
+            except LedgerMQError:
+                return None
+            master = doc.get("masterAddr") if isinstance(doc, dict) else None
+            if not isinstance(master, str) or not master:
+                return None
+            term = (doc.get("dledger") or {}).get("term", 0)
+            return (term if isinstance(term, int) else 0), master
+
+        answers = [a for a in await asyncio.gather(*(status(a) for a in broker.addrs.values())) if a]
+        if not answers:
+            return broker
+        return replace(broker, master_addr=max(answers)[1])
 
     async def master_url(self, topic: str, broker_name: str, refresh: bool = False) -> str:
         """Base URL of `broker_name`'s master per `topic`'s route; NotMasterError when the route
@@ -323,6 +358,10 @@ class RouteCache:
                 if route is None or time.monotonic() - route.fetched_at >= max_age_s:
                     try:
                         route = await self._fetch(topic)
+                    except BrokerUnreachableError as exc:
+                        if route is None:
+                            return None
+                        route = await self._without_name_servers(route, exc)
                     except LedgerMQError as exc:
                         log.debug("route check failed topic=%s: %s", topic, exc)
                         return None
@@ -364,7 +403,11 @@ class RouteCache:
         return None
 
     def invalidate(self, topic: str) -> None:
-        self._routes.pop(topic, None)
+        """The next `get` of `topic` asks the name servers again; the route stays cached for
+        while none answers."""
+        route = self._routes.get(topic)
+        if route is not None:
+            self._routes[topic] = replace(route, fetched_at=-math.inf)
 
     async def _fetch(self, topic: str) -> TopicRoute:
         if not isinstance(topic, str) or not topic:
@@ -436,6 +479,10 @@ class RouteCache:
 
 
 DEFAULT_ROUTE_TTL_S = 1.0
+# While no name server answers: how long a member may take to say who its set's master is, and
+# how often the fallback is logged per topic.
+MEMBER_STATUS_TIMEOUT_S = 1.0
+NAMESRV_DOWN_LOG_S = 30.0
 
 
 def parse_route(doc: dict[str, Any]) -> TopicRoute:

@@ -1,0 +1,56 @@
+"""The SDK with its name server gone: clients keep their cached routes (RocketMQ's do), and when a
+set's master dies meanwhile they learn the new one from the set's members (`GET /status`,
+`RouteCache._without_name_servers`) instead of sending to the dead one until the name server
+returns. A consumer whose request failed keeps its route too (it used to drop it, and then had
+none to ask while the name server was down)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from client import ConsumeResult, Producer, PushConsumer
+from tests.integration._ledgermq_procs import ProcessGroup, start_dledger_set, start_namesrv, wait_master
+from tests.integration.test_batching_producer import create, read_queue
+
+pytestmark = pytest.mark.slow
+
+
+def test_with_the_name_server_gone_clients_follow_a_new_master_through_the_sets_members(tmp_path):
+    group = ProcessGroup(tmp_path)
+    try:
+        ns = start_namesrv(group, tmp_path)
+        addrs = start_dledger_set(group, tmp_path, ns)
+        old = wait_master(addrs, timeout_s=30)
+        create(addrs[old], ns, "orphan", 2)
+        pushed: list[str] = []
+        lock = threading.Lock()
+
+        def on_message(msg) -> ConsumeResult:
+            with lock:
+                pushed.append(msg.body.decode())
+            return ConsumeResult.SUCCESS
+
+        with PushConsumer("orphan-g", "orphan", on_message, ns), Producer(ns, send_timeout_s=20) as p:
+            p.send("orphan", "before")  # routes cached by both clients
+            deadline = time.monotonic() + 20
+            while "before" not in pushed and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "before" in pushed
+            group.kill("namesrv", signal.SIGKILL)
+            group.kill(old, signal.SIGKILL)
+            new = wait_master(addrs, timeout_s=30, exclude={old})
+            sent = [f"m{i}" for i in range(50)]
+            for body in sent:
+                p.send("orphan", body)  # raised BrokerUnreachableError until the name server came back
+            deadline = time.monotonic() + 30
+            while not set(sent) <= set(pushed) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert set(sent) <= set(pushed), f"the push consumer missed {len(set(sent) - set(pushed))} of 50"
+        stored = [m["body"] for q in (0, 1) for m in read_queue(addrs[new], "orphan", q)]
+        assert sorted(stored) == sorted(["before", *sent])
+    finally:
+        group.stop_all()
