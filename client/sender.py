@@ -43,12 +43,12 @@ from client.transport import AsyncTransport, BrokerSetRoute, RouteCache, base_ur
 log = logging.getLogger(__name__)
 
 RETRY_BACKOFF_MS = 100
+RETRY_BACKOFF_MAX_MS = 1000
 # A produce request unanswered this long has its set's master looked up again (and as often
 # after): when the set elected another master meanwhile (the old one hung, or is cut off), the
 # request is given up and its batch retried there at once, instead of waiting out
 # `request_timeout_s` against a master that can no longer store it.
 MASTER_WATCH_S = 1.0
-RETRY_BACKOFF_MAX_MS = 1000
 _JSON = {"Content-Type": "application/json"}
 _MESSAGE_FIELD = re.compile(r"^messages\[(\d+)\]")
 

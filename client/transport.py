@@ -295,16 +295,19 @@ class RouteCache:
             route = self._routes.get(topic)
             if route and not refresh and time.monotonic() - route.fetched_at < self.ttl_s:
                 return route
-            try:
-                route = await self._fetch(topic)
-            except BrokerUnreachableError as exc:
-                if route is None:
-                    raise
-                # Name servers down: keep the cached route (RocketMQ clients do), its masters as
-                # the sets' members now name them.
-                route = await self._without_name_servers(route, exc)
-            self._routes[topic] = route
-            return route
+            return await self._refetch(topic, route)
+
+    async def _refetch(self, topic: str, cached: TopicRoute | None) -> TopicRoute:
+        """`topic`'s route from the name servers, now cached. If none answers, the `cached` one
+        (RocketMQ clients keep theirs) with its masters as the sets' members now name them."""
+        try:
+            route = await self._fetch(topic)
+        except BrokerUnreachableError as exc:
+            if cached is None:
+                raise
+            route = await self._without_name_servers(cached, exc)
+        self._routes[topic] = route
+        return route
 
     async def _without_name_servers(self, route: TopicRoute, why: LedgerMQError) -> TopicRoute:
         """`route` (cached) with each set's master as its members report it (`GET /status`: the
@@ -357,15 +360,10 @@ class RouteCache:
                 route = self._routes.get(topic)
                 if route is None or time.monotonic() - route.fetched_at >= max_age_s:
                     try:
-                        route = await self._fetch(topic)
-                    except BrokerUnreachableError as exc:
-                        if route is None:
-                            return None
-                        route = await self._without_name_servers(route, exc)
+                        route = await self._refetch(topic, route)
                     except LedgerMQError as exc:
                         log.debug("route check failed topic=%s: %s", topic, exc)
                         return None
-                    self._routes[topic] = route
         broker = route.broker(broker_name)
         return base_url(broker.master_addr) if broker is not None and broker.master_addr else None
 
