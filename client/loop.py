@@ -17,7 +17,6 @@ import atexit
 import concurrent.futures
 import logging
 import threading
-import weakref
 from collections.abc import Coroutine
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
 from typing import Any, TypeVar
@@ -28,9 +27,15 @@ T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
-# id(client) -> its closing method, held weakly: registering never keeps a dropped client alive.
-_UNCLOSED: dict[int, weakref.WeakMethod[Any]] = {}
+# id(client) -> its closing method, held strongly: a client that is not closed lives on, as a
+# started thread does, until it is closed or the interpreter exits. Its I/O thread runs either way;
+# held weakly, a dropped idle client was collected under its running loop (its tasks destroyed
+# while pending, with asyncio's "Task was destroyed" errors) and its thread never stopped.
+_UNCLOSED: dict[int, Any] = {}
 _UNCLOSED_LOCK = threading.Lock()
+# A program that makes clients and drops them unclosed (one per request, say) is told as their
+# number doubles from this, each with its own thread and connections.
+_MANY_UNCLOSED = 64
 
 
 def close_at_exit(client: object, close: Any) -> None:
@@ -38,7 +43,11 @@ def close_at_exit(client: object, close: Any) -> None:
     came first. Daemon I/O threads die with the interpreter: without this, `send_async`s not yet
     flushed would be lost without a word (kafka-python closes a forgotten producer at exit too)."""
     with _UNCLOSED_LOCK:
-        _UNCLOSED[id(client)] = weakref.WeakMethod(close)
+        _UNCLOSED[id(client)] = close
+        count = len(_UNCLOSED)
+    if count >= _MANY_UNCLOSED and count & (count - 1) == 0:
+        log.warning("event=many_unclosed_clients count=%d hint=close each client (or use a with block), "
+                    "or share one: each holds an I/O thread and connections until closed", count)
 
 
 def closed(client: object) -> None:
@@ -53,10 +62,7 @@ def _close_unclosed() -> None:
     with _UNCLOSED_LOCK:
         pending = list(_UNCLOSED.values())
         _UNCLOSED.clear()
-    for ref in pending:
-        close = ref()
-        if close is None:
-            continue
+    for close in pending:
         name = type(close.__self__).__name__
         log.warning("event=client_closed_at_exit client=%s hint=close it (or use a with block) to choose "
                     "when its pending work is sent", name)

@@ -381,9 +381,18 @@ class AsyncProducer:
                 max_in_flight=self.max_in_flight,
                 request_timeout_s=self.request_timeout_s,
                 stats=self.stats,
+                on_loop_end=self._closed_by_loop_end,
             )
             self._sender.start()
         self._sender.added(1)
+
+    def _closed_by_loop_end(self, pending: int) -> None:
+        self._closed = True
+        log.warning(
+            "event=producer_closed_at_loop_end pending=%d hint=close the AsyncProducer (or use async "
+            "with) before its event loop ends to choose when its messages are sent",
+            pending,
+        )
 
     def _target(
         self, route: TopicRoute, topic: str, pinned_queue: int | None, broker_name: str | None

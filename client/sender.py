@@ -85,6 +85,7 @@ class Sender:
         max_in_flight: int,
         request_timeout_s: float,
         stats: dict[str, int],
+        on_loop_end: Callable[[int], None],
     ) -> None:
         self.transport = transport
         self.routes = routes
@@ -96,13 +97,15 @@ class Sender:
         self.max_in_flight = max_in_flight
         self.request_timeout_s = request_timeout_s
         self.stats = stats
+        self.on_loop_end = on_loop_end
         self.in_flight: dict[str, int] = {}
         self.hints: dict[str, str] = {}  # broker set -> master URL named by a NOT_MASTER answer
         self.pending = 0  # records appended and not yet resolved
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._requests: set[asyncio.Task[None]] = set()
+        # Each request's task -> its batch and the queue it was drained from.
+        self._requests: dict[asyncio.Task[None], tuple[ProducerBatch, tuple[str, str, int | None]]] = {}
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -150,7 +153,25 @@ class Sender:
 
     # ---- the sender task ---------------------------------------------------------------------
     async def _run(self) -> None:
-        while not self._stopping:
+        try:
+            await self._dispatch_until(lambda: self._stopping)
+        except asyncio.CancelledError:
+            if self._stopping or not self.pending:
+                raise
+            # Not cancelled by `close`: the event loop is ending with records unsent (asyncio.run
+            # cancels every task left once the program's coroutine returned, an AsyncProducer
+            # never closed). Sent first, within each record's send_timeout_s, as the blocking
+            # producer does at interpreter exit: the runner waits for this task.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            self.on_loop_end(self.pending)
+            self.acc.flushing += 1
+            await self._dispatch_until(lambda: self._stopping or not self.pending)
+            await self.transport.aclose()
+
+    async def _dispatch_until(self, done: Callable[[], bool]) -> None:
+        while not done():
             self._wake.clear()
             now = time.monotonic()
             wake_at: float | None = None
@@ -164,9 +185,10 @@ class Sender:
                 for batch in ready[: self.max_in_flight - busy]:
                     self.acc.drain(batch)
                     self.on_drain(batch)
+                    self.in_flight[broker_name] = self.in_flight.get(broker_name, 0) + 1
                     task = asyncio.get_running_loop().create_task(self._send(batch))
-                    self._requests.add(task)
-                    task.add_done_callback(self._requests.discard)
+                    self._requests[task] = (batch, (batch.topic, broker_name, batch.queue_id))
+                    task.add_done_callback(self._request_ended)
             timeout = None if wake_at is None else max(0.0, wake_at - time.monotonic())
             try:
                 async with asyncio.timeout(timeout):
@@ -175,26 +197,42 @@ class Sender:
                 pass
 
     async def _send(self, batch: ProducerBatch) -> None:
-        key = (batch.topic, batch.broker_name, batch.queue_id)
         broker_name = batch.broker_name
-        self.in_flight[broker_name] = self.in_flight.get(broker_name, 0) + 1
         started = time.monotonic()
+        self._expire(batch, started)
+        if not batch.records:
+            return
         try:
-            self._expire(batch, started)
-            if not batch.records:
-                return
-            try:
-                doc = await self._post(batch)
-            except LedgerMQError as exc:
-                self._failed(batch, exc, started)
-                return
-            self.fault.update(broker_name, (time.monotonic() - started) * 1000, failed=False)
-            results = doc["results"]
-            self._complete(batch.records, results, broker_name)
-        finally:
-            self.in_flight[broker_name] -= 1
-            self.acc.done(batch, key)
-            self._wake.set()
+            doc = await self._post(batch)
+        except LedgerMQError as exc:
+            self._failed(batch, exc, started)
+            return
+        self.fault.update(broker_name, (time.monotonic() - started) * 1000, failed=False)
+        results = doc["results"]
+        self._complete(batch.records, results, broker_name)
+
+    def _request_ended(self, task: asyncio.Task[None]) -> None:
+        batch, key = self._requests.pop(task)
+        self.in_flight[key[1]] -= 1
+        if task.cancelled() and batch.records:
+            # Cut off (perhaps before the task even started) by `close` past its timeout, or by the
+            # event loop's end (see `_run`): the request may have reached the set.
+            cut = OutcomeUnknownError(
+                f"the request to broker set {batch.broker_name} was cut off by the "
+                + ("producer's close" if self._stopping else "event loop's end")
+            )
+            for r in batch.records:
+                if r.maybe_reached is None:
+                    r.maybe_reached, r.first_unknown = batch.broker_name, cut
+            if self._stopping:
+                for r in batch.records:
+                    self._fail_record(r, cut)
+                batch.records = []
+            else:  # sent again at once with the same keys by `_run`'s last flush
+                batch.retry_at = 0.0
+                self.acc.reenqueue(batch)
+        self.acc.done(batch, key)
+        self._wake.set()
 
     async def _post(self, batch: ProducerBatch) -> Any:
         url = self.hints.get(batch.broker_name)

@@ -68,6 +68,55 @@ def test_an_unclosed_producer_sends_what_it_was_given_before_the_process_exits(s
     assert sorted(bodies) == sorted(["first", *(f"m{i}" for i in range(2000))])
 
 
+def test_an_async_producer_never_closed_sends_what_it_was_given_before_its_event_loop_ends(single):
+    # asyncio.run cancels every task left once the program's coroutine returns: the producer's
+    # requests in flight or not yet started among them, its batches not yet drained too.
+    _, ns, broker = single
+    create(broker, ns, "exit-async", 2)
+    done = run_script(
+        """
+        import asyncio
+        from client import AsyncProducer
+        async def main():
+            p = AsyncProducer(NS, linger_ms=200, batch_max_messages=100)
+            await p.send("exit-async", "first")
+            futures = [await p.send_async("exit-async", f"m{i}") for i in range(3000)]
+            print("unresolved", sum(not f.done() for f in futures))
+        asyncio.run(main())
+        """,
+        ns,
+    )
+    assert int(done.stdout.split()[-1]) > 0  # the loop's end, not the program, had them sent
+    assert "event=producer_closed_at_loop_end" in done.stderr
+    assert "Task was destroyed" not in done.stderr
+    bodies = [m["body"] for q in (0, 1) for m in read_queue(broker, "exit-async", q)]
+    assert sorted(bodies) == sorted(["first", *(f"m{i}" for i in range(3000))])  # each once
+
+
+def test_a_dropped_idle_producer_lives_until_exit_and_many_are_reported(single):
+    # Dropped unclosed clients keep their I/O threads: held until exit, not collected under their
+    # running loop (asyncio's "Task was destroyed but it is pending!"), and their number is told.
+    _, ns, broker = single
+    create(broker, ns, "exit-dropped", 1)
+    done = run_script(
+        """
+        import gc
+        from client import Producer
+        def handle_request(i):
+            Producer(NS).send("exit-dropped", f"d{i}")  # a producer per request, never closed
+        for i in range(64):
+            handle_request(i)
+        gc.collect()
+        print("sent")
+        """,
+        ns,
+    )
+    assert "Task was destroyed" not in done.stderr
+    assert "event=many_unclosed_clients count=64" in done.stderr
+    assert done.stderr.count("event=client_closed_at_exit client=Producer") == 64
+    assert sorted(m["body"] for m in read_queue(broker, "exit-dropped", 0)) == sorted(f"d{i}" for i in range(64))
+
+
 def test_an_unclosed_simple_consumer_sends_its_queued_acks_and_gives_back_what_it_received_ahead(single):
     _, ns, broker = single
     one_queue_topic(broker, ns, "exit-simple", [f"s{i}" for i in range(100)])

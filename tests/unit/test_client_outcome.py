@@ -248,3 +248,18 @@ async def test_producer_reports_a_send_that_never_reached_a_server_as_unreachabl
         with pytest.raises(BrokerUnreachableError):
             await p.send_batch("t", [b"a", b"b"])
         assert p.retries >= 1
+
+
+async def test_a_send_in_flight_when_close_gives_up_fails_as_outcome_unknown_not_left_pending():
+    srv = _Server(_stall_after_reading)
+    async with srv as url:
+        p = AsyncProducer(broker_addr=url, send_timeout_s=30, request_timeout_s=30)
+        fut = await p.send_async("t", b"m", queue_id=0)
+        while srv.requests_read == 0:
+            await asyncio.sleep(0.01)
+        await p.close(timeout_s=0.2)
+        assert fut.done()
+        with pytest.raises(SendOutcomeUnknownError) as info:
+            fut.result()
+    assert info.value.broker_name == url
+    assert "cut off by the producer's close" in str(info.value)
