@@ -142,6 +142,7 @@ class _Server:
     def __init__(self, behaviour) -> None:
         self.behaviour = behaviour
         self.requests_read = 0
+        self.read_one = asyncio.Event()
 
     async def __aenter__(self) -> str:
         self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -157,6 +158,7 @@ class _Server:
         length = next(int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length"))
         await reader.readexactly(length)
         self.requests_read += 1
+        self.read_one.set()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -255,8 +257,7 @@ async def test_a_send_in_flight_when_close_gives_up_fails_as_outcome_unknown_not
     async with srv as url:
         p = AsyncProducer(broker_addr=url, send_timeout_s=30, request_timeout_s=30)
         fut = await p.send_async("t", b"m", queue_id=0)
-        while srv.requests_read == 0:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(srv.read_one.wait(), 10)
         await p.close(timeout_s=0.2)
         assert fut.done()
         with pytest.raises(SendOutcomeUnknownError) as info:
