@@ -142,7 +142,30 @@ class PullIterator:
 
     async def _watch_queues(self) -> None:
         """Queues that joined the topic after `start` are read from their committed offset, else
-        from their first message."""
+        from their first message. At the event loop's end, the positions of an iterator never
+        closed are committed (`_closed_by_loop_end`)."""
+        try:
+            await self._watch_queues_forever()
+        except asyncio.CancelledError:
+            if self._closed or self.group is None:
+                raise
+            await self._closed_by_loop_end()
+
+    async def _closed_by_loop_end(self) -> None:
+        # Cancelled, but not by `close`: the event loop is ending (asyncio.run cancels every task
+        # left once the program's coroutine returned). The positions are committed up to the
+        # message last handed out, not past it (the program may have died on it), as the blocking
+        # consumer does at interpreter exit; the runner waits for this task.
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        self._closed = True
+        log.warning("event=pull_iterator_closed_at_loop_end topic=%s group=%s hint=close the consumer "
+                    "(or use async with) before its event loop ends to choose what is committed",
+                    self.topic, self.group)
+        await self.commit()
+
+    async def _watch_queues_forever(self) -> None:
         while True:
             await asyncio.sleep(self.queues_watch_s)
             try:

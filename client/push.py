@@ -568,6 +568,7 @@ class PushConsumer:
         try:
             self._bg.call(self._c.start())
         except BaseException:
+            closed(self)  # nothing left to shut down at exit
             with self._lock:
                 self._bg.close()
             raise

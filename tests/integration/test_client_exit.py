@@ -164,6 +164,27 @@ def test_an_unclosed_pull_consumer_commits_up_to_the_message_in_hand_not_past_it
     assert first.text == "p20"
 
 
+def test_an_async_pull_iterator_never_closed_commits_up_to_the_message_in_hand_as_its_loop_ends(single):
+    _, ns, broker = single
+    one_queue_topic(broker, ns, "exit-apull", [f"p{i}" for i in range(50)])
+    done = run_script(
+        """
+        import asyncio
+        from client import AsyncPullConsumer
+        async def main():
+            c = AsyncPullConsumer(NS)
+            it = await c.iterate("exit-apull", "exit-apull-g", start="earliest", commit_interval_ms=3_600_000)
+            async for m in it:
+                if m.queue_offset == 20:
+                    break  # as if the program died handling p20
+        asyncio.run(main())
+        """,
+        ns,
+    )
+    assert "event=pull_iterator_closed_at_loop_end" in done.stderr
+    assert offsets(broker, "exit-apull-g", "exit-apull")[0] == 20
+
+
 def test_an_unclosed_push_consumer_lets_its_running_handler_finish_and_acks_it(single):
     _, ns, broker = single
     one_queue_topic(broker, ns, "exit-push", ["slow"])
