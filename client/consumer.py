@@ -12,7 +12,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -397,6 +397,8 @@ class AsyncSimpleConsumer(_RouteUser):
         self._ack_timer: asyncio.TimerHandle | None = None
         self._ack_tasks: set[asyncio.Task[None]] = set()
         self._side: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self._guard: AsyncGenerator[None, None] | None = None  # `_until_loop_end`, from the first receive
 
     async def receive(
         self, max_messages: int = 16, wait_ms: int = 0, invisible_ms: int | None = None
@@ -404,6 +406,9 @@ class AsyncSimpleConsumer(_RouteUser):
         """Receive from the topic's broker sets in turn (one set per call). A set that cannot
         serve (no connection, no master) is skipped for `fault_isolation_ms` and the next set
         asked in the same call; the error is raised only when no set could serve."""
+        if self._guard is None:
+            self._guard = self._until_loop_end()
+            await self._guard.asend(None)
         invisible = self.invisible_ms if invisible_ms is None else invisible_ms
         if self._ahead_for is not None and self._ahead_for != invisible:
             await self._give_back_ahead()
@@ -633,7 +638,16 @@ class AsyncSimpleConsumer(_RouteUser):
         if pending:
             task = asyncio.get_running_loop().create_task(self._send_acks(pending))
             self._ack_tasks.add(task)
-            task.add_done_callback(self._ack_tasks.discard)
+            task.add_done_callback(functools.partial(self._ack_task_ended, pending))
+
+    def _ack_task_ended(self, pending: list[tuple[ReceivedMessage, Any]], task: asyncio.Task[None]) -> None:
+        self._ack_tasks.discard(task)
+        if task.cancelled():
+            # Nothing but the event loop's end cancels an ack request (perhaps before it started):
+            # its acks wait again, for `_until_loop_end` to send.
+            for msg, fut in pending:
+                if not fut.done():
+                    self._acks.setdefault(msg.broker_name, []).append((msg, fut))
 
     async def _send_acks(self, pending: list[tuple[ReceivedMessage, Any]]) -> None:
         try:
@@ -674,6 +688,16 @@ class AsyncSimpleConsumer(_RouteUser):
 
     async def close(self) -> None:
         """Send pending acks, give back messages received ahead, close the connections."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._settle_all()
+        finally:
+            if self._guard is not None:
+                await self._guard.aclose()
+
+    async def _settle_all(self) -> None:
         await self.flush_acks()
         try:
             await self._give_back_ahead()
@@ -682,6 +706,22 @@ class AsyncSimpleConsumer(_RouteUser):
         if self._side:
             await asyncio.gather(*self._side, return_exceptions=True)
         await super().close()
+
+    async def _until_loop_end(self) -> AsyncGenerator[None, None]:
+        """Suspended from the first receive until `close`. When the event loop ends first (an
+        AsyncSimpleConsumer never closed: asyncio.run cancels every task left, then closes the
+        async generators left), the acks still coalesced or cut off go out and what was received
+        ahead is given back, as the blocking consumer does at interpreter exit; else those
+        messages would come back only after their invisible time."""
+        try:
+            yield
+        finally:
+            if not self._closed:
+                self._closed = True
+                log.warning("event=simple_consumer_closed_at_loop_end group=%s acks=%d ahead=%d hint=close "
+                            "the consumer (or use async with) before its event loop ends", self.group,
+                            sum(map(len, self._acks.values())), len(self._buffer))
+                await self._settle_all()
 
 
 def received(msg: Any) -> ReceivedMessage:

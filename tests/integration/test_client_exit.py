@@ -49,6 +49,19 @@ def offsets(broker: str, group: str, topic: str) -> dict[int, int]:
     return {o["queueId"]: o["offset"] for o in doc["offsets"]}
 
 
+def receive_within(ns: str, group: str, topic: str, n: int, seconds: float) -> list[str]:
+    """The bodies of up to `n` messages `group` receives (and acks) within `seconds`."""
+    rest: list[str] = []
+    with SimpleConsumer(group, topic, ns) as c:
+        deadline = time.monotonic() + seconds
+        while len(rest) < n and time.monotonic() < deadline:
+            got = c.receive(max_messages=32, wait_ms=1000)
+            if got:
+                c.ack(*got)
+            rest += [m.text for m in got]
+    return rest
+
+
 def test_an_unclosed_producer_sends_what_it_was_given_before_the_process_exits(single):
     _, ns, broker = single
     create(broker, ns, "exit-produce", 2)
@@ -133,14 +146,31 @@ def test_an_unclosed_simple_consumer_sends_its_queued_acks_and_gives_back_what_i
     )
     assert offsets(broker, "exit-simple-g", "exit-simple")[0] == 10  # the ten acks went out
     # Received ahead but never handed out: visible again at once, not after the 60 s.
-    with SimpleConsumer("exit-simple-g", "exit-simple", ns) as c:
-        rest: list = []
-        deadline = time.monotonic() + 20
-        while len(rest) < 90 and time.monotonic() < deadline:
-            got = c.receive(max_messages=32, wait_ms=1000)
-            if got:
-                c.ack(*got)
-            rest += [m.text for m in got]
+    rest = receive_within(ns, "exit-simple-g", "exit-simple", 90, 20)
+    assert sorted(rest) == sorted(f"s{i}" for i in range(10, 100))
+
+
+def test_an_async_simple_consumer_never_closed_sends_its_acks_and_gives_back_what_it_received_ahead(single):
+    _, ns, broker = single
+    one_queue_topic(broker, ns, "exit-asimple", [f"s{i}" for i in range(100)])
+    done = run_script(
+        """
+        import asyncio
+        from client import AsyncSimpleConsumer
+        async def main():
+            c = AsyncSimpleConsumer("exit-asimple-g", "exit-asimple", NS, receive_ahead=True)
+            got = await c.receive(max_messages=10, wait_ms=5000, invisible_ms=60000)
+            for m in got:
+                c.ack_async(m)  # coalesced: still waiting when main returns
+            print(len(got))
+        asyncio.run(main())
+        """,
+        ns,
+    )
+    assert "event=simple_consumer_closed_at_loop_end" in done.stderr
+    assert offsets(broker, "exit-asimple-g", "exit-asimple")[0] == 10  # the ten acks went out
+    # Received ahead but never handed out: visible again at once, not after the 60 s.
+    rest = receive_within(ns, "exit-asimple-g", "exit-asimple", 90, 20)
     assert sorted(rest) == sorted(f"s{i}" for i in range(10, 100))
 
 
