@@ -75,6 +75,14 @@ def _close_unclosed() -> None:
 atexit.register(_close_unclosed)
 
 
+def resume_at_loop_end() -> None:
+    """Take back the cancellation of the current task: the event loop's end cancelled it (asyncio.run
+    cancels every task left), and it has a client's last work to do first, which the runner waits for."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
 class BackgroundLoop:
     """A uvloop event loop running on a daemon thread named `name`."""
 

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from client.errors import LedgerMQError, OffsetOutOfRangeError
+from client.loop import resume_at_loop_end
 from client.received import PullResult, ReceivedMessage
 
 if TYPE_CHECKING:
@@ -156,9 +157,7 @@ class PullIterator:
         # left once the program's coroutine returned). The positions are committed up to the
         # message last handed out, not past it (the program may have died on it), as the blocking
         # consumer does at interpreter exit; the runner waits for this task.
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
+        resume_at_loop_end()
         self._closed = True
         log.warning("event=pull_iterator_closed_at_loop_end topic=%s group=%s hint=close the consumer "
                     "(or use async with) before its event loop ends to choose what is committed",

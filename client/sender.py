@@ -36,6 +36,7 @@ from client.errors import (
     ServerError,
 )
 from client.fault import LatencyFaultTolerance
+from client.loop import resume_at_loop_end
 from client.message import SendResult
 from client.outcome import Delivery, delivery_of
 from client.transport import AsyncTransport, BrokerSetRoute, RouteCache, base_url, decode_answer, seg
@@ -162,9 +163,7 @@ class Sender:
             # cancels every task left once the program's coroutine returned, an AsyncProducer
             # never closed). Sent first, within each record's send_timeout_s, as the blocking
             # producer does at interpreter exit: the runner waits for this task.
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
+            resume_at_loop_end()
             self.on_loop_end(self.pending)
             self.acc.flushing += 1
             await self._dispatch_until(lambda: self._stopping or not self.pending)
