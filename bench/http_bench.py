@@ -93,21 +93,21 @@ def produce_body(batch: int, size: int) -> bytes:
 
 
 def keyed_requests(host: str, batch: int, size: int) -> Iterator[bytes]:
-    """Requests of messages as the SDK sends them: a fresh idempotency key each (32 lower-case hex
-    digits, so the brokers' key tables fill as they do behind the SDK), the body's encoding, and
-    the queue the batch sticks to (the next of the topic's queues each request)."""
-    part = b'{"body":"' + b"x" * size + b'","bodyEncoding":"utf-8","idempotencyKey":"%s%016x","queueId":%d}'
+    """Requests of messages as the SDK sends them: the queue the batch sticks to (the next of the
+    topic's queues each request) on every message, and fresh idempotency keys for all of them as
+    one run (`firstIdempotencyKey`: 32 lower-case hex digits, the next counters each request, so
+    the brokers' key tables fill as they do behind the SDK)."""
     prefix = os.urandom(8).hex().encode()
     n = 0
     requests = 0
     while True:
-        msgs = []
         queue = requests % QUEUES
         requests += 1
-        for _ in range(batch):
-            msgs.append(part % (prefix, n, queue))
-            n += 1
-        body = b'{"messages":[' + b",".join(msgs) + b"]}"
+        part = b'{"body":"' + b"x" * size + b'","queueId":%d}' % queue
+        body = b'{"messages":[' + b",".join([part] * batch) + b'],"firstIdempotencyKey":"%s%016x"}' % (
+            prefix, n
+        )
+        n += batch
         yield http_request("POST", host, f"/topics/{TOPIC}/messages", body)
 
 

@@ -1,8 +1,8 @@
 """What one produce request costs the 3-member set, apart from what its messages cost.
 
 Starts a fresh name server and 3-member DLedger set (`http_bench.Cluster`), then sends keyed
-produce requests shaped as the SDK sends them (`http_bench.keyed_requests`: a fresh idempotency key
-per message, 1 KB bodies, the queue named) one at a time over one raw keep-alive socket, for
+produce requests shaped as the SDK sends them (`http_bench.keyed_requests`: fresh idempotency keys
+as one run, 1 KB bodies, the queue named) one at a time over one raw keep-alive socket, for
 batches of 1, 8, 64 and 256 messages (`--batches`), each for `--seconds`. One request at a time
 keeps every member's work on the request's path: the CPU each member spends per request, read from
 /proc, divides into a fixed part per request and a part per message (least squares over the batch

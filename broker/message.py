@@ -99,9 +99,47 @@ PROPERTY_KEYS = "KEYS"
 PROPERTY_TAGS = "TAGS"
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
 PROPERTY_IDEMPOTENCY_KEY = "IDEMPOTENCY_KEY"
+# On the first message of a put whose keys are a run of sequenced keys (`key_sequence`): how many
+# messages, this one first, carry the keys from its IDEMPOTENCY_KEY on (the others carry none).
+PROPERTY_IDEMPOTENCY_KEY_RUN = "IDEMPOTENCY_KEY_RUN"
 KEY_SEPARATOR = " "
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
+
+
+SEQUENCED_KEY_LENGTH = 32
+_PREFIX_LENGTH = 16
+_LOWER_HEX = frozenset("0123456789abcdef")
+MAX_KEY_COUNTER = (1 << 64) - 1
+
+
+def key_sequence(key: str) -> tuple[str, int] | None:
+    """(prefix, counter) of a sequenced idempotency key — 16 lower-case hex digits of prefix, then
+    16 of counter, as the SDK makes them (`client.message.KeyGenerator`) — else None."""
+    if len(key) != SEQUENCED_KEY_LENGTH or not _LOWER_HEX.issuperset(key):
+        return None
+    return key[:_PREFIX_LENGTH], int(key[_PREFIX_LENGTH:], 16)
+
+
+def sequenced_key(prefix: str, counter: int) -> str:
+    """The sequenced key of `prefix` (16 lower-case hex digits) and `counter`."""
+    return f"{prefix}{counter:016x}"
+
+
+class KeyRun(NamedTuple):
+    """The idempotency keys of a put's messages given as one run: message i's key is the
+    sequenced key of `prefix` and `first` + i (one field on the wire instead of a key each, and
+    one table entry: what the SDK sends)."""
+
+    prefix: str
+    first: int
+
+    def key(self, i: int) -> str:
+        return sequenced_key(self.prefix, self.first + i)
+
+    def part(self, start: int) -> KeyRun:
+        """The run of the messages from index `start` on."""
+        return KeyRun(self.prefix, self.first + start)
 
 
 def body_crc(body: bytes | memoryview) -> int:
@@ -200,6 +238,7 @@ class Message:
         """User properties plus TAGS, KEYS, UNIQ_KEY (generated when absent) and IDEMPOTENCY_KEY."""
         props = dict(self.properties)
         props.pop(PROPERTY_IDEMPOTENCY_KEY, None)  # only the idempotency_key field sets it
+        props.pop(PROPERTY_IDEMPOTENCY_KEY_RUN, None)  # only the put of a key run sets it
         if self.tags:
             props[PROPERTY_TAGS] = self.tags
         if self.keys:
@@ -250,9 +289,11 @@ class MessageExt:
 
     @property
     def user_properties(self) -> dict[str, str]:
-        """Properties without the system keys the broker sets (TAGS, KEYS, UNIQ_KEY, IDEMPOTENCY_KEY)."""
+        """Properties without the system keys the broker sets (TAGS, KEYS, UNIQ_KEY, IDEMPOTENCY_KEY,
+        IDEMPOTENCY_KEY_RUN)."""
         return {k: v for k, v in self.properties.items()
-                if k not in (PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_IDEMPOTENCY_KEY)}
+                if k not in (PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_IDEMPOTENCY_KEY,
+                             PROPERTY_IDEMPOTENCY_KEY_RUN)}
 
 
 _SHORT = struct.Struct(">h")
@@ -388,14 +429,15 @@ def encode_message(msg: Message, *, queue_id: int, queue_offset: int, phys_offse
 
 
 def encode_batch(msgs: list[Message], *, queue_id: int, store_host: str,
-                 max_message_size: int = 4 * 1024 * 1024) -> list[bytearray]:
+                 max_message_size: int = 4 * 1024 * 1024,
+                 store_timestamp: int | None = None) -> list[bytearray]:
     """`encode_message` for each of `msgs` (queue offset and physical offset 0, to be stamped),
-    in one tight loop for the bulk shapes (no tags/keys/properties; an idempotency key or not:
-    every SDK message has one); any other message goes through `encode_message`. Same bytes,
-    same errors."""
+    in one tight loop for the bulk shapes (no tags/keys/properties; an idempotency key or not);
+    any other message goes through `encode_message`. Same bytes, same errors. One store
+    timestamp for all (`store_timestamp`, or now)."""
     out: list[bytearray] = []
     store_ip, store_port = pack_host(store_host)
-    now = int(time.time() * 1000)
+    now = int(time.time() * 1000) if store_timestamp is None else store_timestamp
     pack_into = HEAD.pack_into
     body_at = BODY_LENGTH_POSITION + 4
     uniq_len = _UNIQ_ONLY_LEN
@@ -416,7 +458,8 @@ def encode_batch(msgs: list[Message], *, queue_id: int, store_host: str,
             len(key) <= _KEYED_MAX_LENGTH and key.isascii() and "\x01" not in key and "\x02" not in key
         )):
             out.append(encode_message(msg, queue_id=queue_id, queue_offset=0, phys_offset=0,
-                                      store_host=store_host, max_message_size=max_message_size))
+                                      store_host=store_host, store_timestamp=now,
+                                      max_message_size=max_message_size))
             continue
         if msg.topic != last_topic:
             topic_f = _topic_field(msg.topic)
@@ -551,11 +594,12 @@ IDEMPOTENCY_MARK = f"{PROPERTY_IDEMPOTENCY_KEY}{NAME_VALUE_SEPARATOR}".encode()
 
 class DispatchInfo:
     """The fields the reput dispatcher needs, read without copying the body. `properties` is
-    parsed on first use: the dispatcher needs only TAGS and IDEMPOTENCY_KEY, and most messages
-    carry neither (a substring test on the raw properties decides)."""
+    parsed on first use: the dispatcher needs only TAGS, IDEMPOTENCY_KEY and IDEMPOTENCY_KEY_RUN
+    (`key_run`: 0 when absent or not a count), and most messages carry none (a substring test on
+    the raw properties decides)."""
 
-    __slots__ = ("_properties", "idempotency_key", "phys_offset", "props_raw", "queue_id", "queue_offset",
-                 "size", "store_host", "store_timestamp", "tags_code", "topic")
+    __slots__ = ("_properties", "idempotency_key", "key_run", "phys_offset", "props_raw", "queue_id",
+                 "queue_offset", "size", "store_host", "store_timestamp", "tags_code", "topic")
 
     def __init__(self, topic: str, queue_id: int, queue_offset: int, phys_offset: int, size: int,
                  store_timestamp: int, store_host: str, props_raw: bytes) -> None:
@@ -570,10 +614,14 @@ class DispatchInfo:
         self._properties: dict[str, str] | None = None
         self.tags_code = 0
         self.idempotency_key: str | None = None
+        self.key_run = 0
         if TAGS_MARK in props_raw or IDEMPOTENCY_MARK in props_raw:
             props = self.properties
             self.tags_code = tags_hash_code(props.get(PROPERTY_TAGS))
             self.idempotency_key = props.get(PROPERTY_IDEMPOTENCY_KEY) or None
+            run = props.get(PROPERTY_IDEMPOTENCY_KEY_RUN)
+            if run is not None and self.idempotency_key is not None and run.isdigit() and run.isascii():
+                self.key_run = int(run)
 
     @property
     def properties(self) -> dict[str, str]:

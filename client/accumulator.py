@@ -35,7 +35,7 @@ class Record:
 
     topic: str
     message: Message | None  # None: a bare text body (the document says it all)
-    doc: dict[str, Any]  # the produce API object; idempotencyKey set, queueId when chosen
+    doc: dict[str, Any]  # the produce API object; idempotencyKey once first sent, queueId when chosen
     size: int  # bytes charged to the buffer
     future: Any
     deadline: float  # time.monotonic() after which it fails
@@ -48,7 +48,7 @@ class Record:
         """The message with the idempotency key and queue it was sent with."""
         base = self.message if self.message is not None else Message(self.doc["body"])
         return dataclasses.replace(
-            base, idempotency_key=self.doc["idempotencyKey"], queue_id=self.doc.get("queueId")
+            base, idempotency_key=self.doc.get("idempotencyKey"), queue_id=self.doc.get("queueId")
         )
 
 

@@ -4,8 +4,8 @@ keys it gives every message."""
 from __future__ import annotations
 
 import base64
-import itertools
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +45,7 @@ class Message:
                 body, enc = base64.b64encode(raw).decode("ascii"), "base64"
         else:
             raise TypeError(f"a message body is bytes or str, got {type(raw).__name__} (serialize it first)")
-        doc: dict[str, Any] = {"body": body, "bodyEncoding": enc}
+        doc: dict[str, Any] = {"body": body} if enc == "utf-8" else {"body": body, "bodyEncoding": enc}
         if self.tags is not None:
             doc["tags"] = self.tags
         if self.keys:
@@ -95,14 +95,33 @@ def as_message(m: Message | bytes | str) -> Message:
     return m if isinstance(m, Message) else Message(body=m)
 
 
+_MAX_COUNTER = (1 << 64) - 1
+
+
 class KeyGenerator:
-    """Idempotency keys: a random 64-bit prefix per producer and a 64-bit counter, as 32 hex
-    digits (0.2 us a key against 2 us for uuid4; the broker's key table holds such keys as ints;
-    RocketMQ's client message ids are built the same way: a fixed prefix and a sequence)."""
+    """Idempotency keys: a random 64-bit prefix per producer and a 64-bit counter, as 32 lower-case
+    hex digits (0.2 us a key against 2 us for uuid4; RocketMQ's client message ids are built the
+    same way: a fixed prefix and a sequence). `run(n)` reserves n consecutive keys, which a
+    request names by its first (`firstIdempotencyKey`): the broker stores and remembers them as one."""
 
     def __init__(self) -> None:
         self._prefix = os.urandom(8).hex()
-        self._counter = itertools.count(int.from_bytes(os.urandom(4), "big"))
+        self._next = int.from_bytes(os.urandom(4), "big")
+        self._lock = threading.Lock()
 
     def __call__(self) -> str:
-        return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFFFFFF:016x}"
+        with self._lock:
+            counter = self._next
+            self._next = (counter + 1) & _MAX_COUNTER
+        return f"{self._prefix}{counter:016x}"
+
+    def run(self, n: int) -> list[str] | None:
+        """`n` consecutive keys, or None where the counter would wrap within them (then draw
+        them one by one)."""
+        with self._lock:
+            first = self._next
+            if first + n - 1 > _MAX_COUNTER:
+                return None
+            self._next = (first + n) & _MAX_COUNTER
+        prefix = self._prefix
+        return [f"{prefix}{c:016x}" for c in range(first, first + n)]

@@ -12,12 +12,13 @@ until its batch leaves, then go to the next (Kafka's sticky partitioner); a mess
 `close()` flushes. `send_batch` is one request of the caller's messages, stored together in order.
 
 Every message gets an `idempotencyKey` before its first attempt (a per-producer random prefix and
-a counter, unless the caller set one) — fresh per send and never written into the caller's
-`Message`, so sending the same object again stores it again — and every retry sends the same
-keys to the same set, so the master answers a retried key with the first result instead of
-storing it twice, also across a master failover (the key table is rebuilt from the replicated
-log). Retries happen on NOT_MASTER (to the named master, or after a route refresh), connection
-errors, 503 and 504, until `send_timeout_s` has passed.
+a counter, unless the caller set one; a batch's keys are consecutive and sent as one
+`firstIdempotencyKey`, which the broker stores and remembers as one) — fresh per send and never
+written into the caller's `Message`, so sending the same object again stores it again — and
+every retry sends the same keys to the same set, so the master answers a retried key with the
+first result instead of storing it twice, also across a master failover (the key table is
+rebuilt from the replicated log). Retries happen on NOT_MASTER (to the named master, or after a
+route refresh), connection errors, 503 and 504, until `send_timeout_s` has passed.
 
 A send whose attempts may have reached a broker (`client.outcome`) and then failed is reported as
 `SendOutcomeUnknownError` naming the set, never as unreachable or refused: only the caller can
@@ -275,16 +276,15 @@ class AsyncProducer:
         self, message: Message | bytes | str, kw: dict[str, Any]
     ) -> tuple[Message | None, dict[str, Any], int]:
         """The message with `kw` applied (None for a bare text body: the common case, built only
-        if an error needs it), its request document with its key, and its size."""
+        if an error needs it), its request document, and its size. A message without the
+        caller's key gets one when its batch is first sent (`Sender`: the batch's keys are a run)."""
         if isinstance(message, str) and not kw:
-            doc: dict[str, Any] = {"body": message, "bodyEncoding": "utf-8", "idempotencyKey": self._keys()}
+            doc: dict[str, Any] = {"body": message}  # utf-8, the API's default encoding
             return None, doc, len(message) + RECORD_OVERHEAD_BYTES
         msg = as_message(message)
         if kw:
             msg = dataclasses.replace(msg, **kw)
         doc = msg.to_json()
-        if "idempotencyKey" not in doc:
-            doc["idempotencyKey"] = self._keys()
         return msg, doc, _record_size(doc)
 
     def _try_enqueue(
@@ -382,6 +382,7 @@ class AsyncProducer:
                 request_timeout_s=self.request_timeout_s,
                 stats=self.stats,
                 on_loop_end=self._closed_by_loop_end,
+                keys=self._keys,
             )
             self._sender.start()
         self._sender.added(1)
@@ -633,6 +634,8 @@ class Producer:
             return None
         if pinned_queue is None and queue is not None:
             doc["queueId"] = queue
+        if "idempotencyKey" not in doc:  # this send's key, for its retries too
+            doc["idempotencyKey"] = p._keys()
         started = time.monotonic()
         p.stats["requests"] += 1
         try:

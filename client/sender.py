@@ -37,7 +37,7 @@ from client.errors import (
 )
 from client.fault import LatencyFaultTolerance
 from client.loop import resume_at_loop_end
-from client.message import SendResult
+from client.message import KeyGenerator, SendResult
 from client.outcome import Delivery, delivery_of
 from client.transport import AsyncTransport, BrokerSetRoute, RouteCache, base_url, decode_answer, seg
 
@@ -87,6 +87,7 @@ class Sender:
         request_timeout_s: float,
         stats: dict[str, int],
         on_loop_end: Callable[[int], None],
+        keys: KeyGenerator,
     ) -> None:
         self.transport = transport
         self.routes = routes
@@ -99,6 +100,7 @@ class Sender:
         self.request_timeout_s = request_timeout_s
         self.stats = stats
         self.on_loop_end = on_loop_end
+        self.keys = keys
         self.in_flight: dict[str, int] = {}
         self.hints: dict[str, str] = {}  # broker set -> master URL named by a NOT_MASTER answer
         self.pending = 0  # records appended and not yet resolved
@@ -242,7 +244,7 @@ class Sender:
         if url is None:
             raise NotMasterError(f"broker set {batch.broker_name} has no master in the route")
         if batch.payload is None:
-            batch.payload = orjson.dumps({"messages": [r.doc for r in batch.records]})
+            batch.payload = self._payload(batch)
         self.stats["requests"] += 1
         what = f"POST {url}/topics/{seg(batch.topic)}/messages"
         answer, moved_to = await self.routes.unless_master_moves(
@@ -267,6 +269,23 @@ class Sender:
                 f"elected {moved_to} its master meanwhile; hung up to send it there"
             )
         return decode_answer(answer, what)
+
+    def _payload(self, batch: ProducerBatch) -> bytes:
+        """The produce request of `batch`, its keys fixed for every attempt: messages without one
+        of the caller's get consecutive keys, sent as the run's first (`firstIdempotencyKey`) when
+        none has its own. Each doc keeps its key (for a request built again, and for errors)."""
+        docs = [r.doc for r in batch.records]
+        if not any("idempotencyKey" in d for d in docs):
+            run = self.keys.run(len(docs))
+            if run is not None:
+                payload = orjson.dumps({"messages": docs, "firstIdempotencyKey": run[0]})
+                for doc, key in zip(docs, run, strict=True):
+                    doc["idempotencyKey"] = key
+                return payload
+        for doc in docs:
+            if "idempotencyKey" not in doc:
+                doc["idempotencyKey"] = self.keys()
+        return orjson.dumps({"messages": docs})
 
     # ---- outcomes ------------------------------------------------------------------------------
     def _complete(self, records: list[Record], results: list[dict[str, Any]], broker_name: str) -> None:

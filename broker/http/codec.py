@@ -16,19 +16,22 @@ from typing import Any
 
 import orjson
 
-from broker.errors import invalid
+from broker.errors import BrokerError, invalid
 from broker.message import (
     BODY_LENGTH_POSITION,
     KEY_SEPARATOR,
+    MAX_KEY_COUNTER,
     PROPERTY_IDEMPOTENCY_KEY,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
+    KeyRun,
     Message,
     MessageExt,
     MessageHead,
     bytes_to_properties,
     create_message_id,
+    key_sequence,
 )
 from broker.message_model import typed_properties
 from broker.service.validation import (
@@ -55,10 +58,12 @@ _MESSAGE_FIELDS = frozenset(
 ) | _TYPED_FIELDS
 # What the SDK sends for a message: its batches also name the queue of every message.
 _SDK_FIELDS = frozenset({"body", "bodyEncoding", "idempotencyKey", "queueId"})
+_BATCH_FIELDS = frozenset({"messages", "firstIdempotencyKey"})
 
 
-def _messages_of(raw: bytes) -> list[Any]:
-    """The message objects of a produce body: `{"messages": [...]}`, or one message object."""
+def _messages_of(raw: bytes) -> tuple[list[Any], KeyRun | None]:
+    """The message objects of a produce body — `{"messages": [...]}`, or one message object —
+    and the key run its `firstIdempotencyKey` gives them."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -67,16 +72,24 @@ def _messages_of(raw: bytes) -> list[Any]:
         doc = {"messages": [doc]}
     if not isinstance(doc, dict) or not isinstance(doc.get("messages"), list):
         raise invalid("messages", 'expected {"messages": [{"body": ...}, ...]}')
-    if len(doc) > 1:
-        raise invalid(
-            sorted(k for k in doc if k != "messages")[0], 'unknown field; the body is {"messages": [...]}'
-        )
+    first_key = doc.get("firstIdempotencyKey")
+    if len(doc) > (1 if first_key is None else 2):
+        raise invalid(sorted(k for k in doc if k not in _BATCH_FIELDS)[0],
+                      'unknown field; the body is {"messages": [...], "firstIdempotencyKey": ...}')
     items: list[Any] = doc["messages"]
     if not items:
         raise invalid("messages", "at least one message is required")
     if len(items) > MAX_BATCH_MESSAGES:
         raise invalid("messages", f"at most {MAX_BATCH_MESSAGES} messages per request")
-    return items
+    if first_key is None:
+        return items, None
+    seq = key_sequence(first_key) if type(first_key) is str else None
+    if seq is None:
+        raise invalid("firstIdempotencyKey", "expected 32 lower-case hex digits: 16 of prefix, then 16 of "
+                      "the first message's counter")
+    if seq[1] + len(items) - 1 > MAX_KEY_COUNTER:
+        raise invalid("firstIdempotencyKey", f"the counter of message {len(items) - 1} would pass 2^64 - 1")
+    return items, KeyRun(*seq)
 
 
 def _body_bytes(item: dict[str, Any], where: str) -> bytes:
@@ -153,9 +166,10 @@ def _typed(item: dict[str, Any], where: str) -> dict[str, str]:
 
 def parse_produce_json(
     raw: bytes, topic: str, max_message_size: int, born_host: str
-) -> tuple[list[Message], list[int | None]]:
-    """`{"messages": [...]}` (or one message object) → (messages, queueId of each)."""
-    items = _messages_of(raw)
+) -> tuple[list[Message], list[int | None], KeyRun | None]:
+    """`{"messages": [...]}` (or one message object) → (messages, queueId of each, the key run
+    of `firstIdempotencyKey`: message i's key is its prefix and its counter + i)."""
+    items, key_run = _messages_of(raw)
     now = int(time.time() * 1000)
     msgs: list[Message] = []
     queues: list[int | None] = []
@@ -167,13 +181,16 @@ def parse_produce_json(
             fast = True
             if len(item) == 1:
                 idem = qid = None
+            elif len(item) == 2 and type(qid := item.get("queueId")) is int and 0 <= qid <= MAX_QUEUE_ID:
+                idem = None  # the SDK's shape when its batch carries the keys (firstIdempotencyKey)
             elif item.keys() <= _SDK_FIELDS and item.get("bodyEncoding", "utf-8") == "utf-8":
                 idem = item.get("idempotencyKey")
-                if idem is not None and (
-                    type(idem) is not str or len(idem) > MAX_IDEMPOTENCY_KEY_LENGTH or "\x01" in idem
-                    or "\x02" in idem
-                ):
-                    idem = check_text(idem, f"messages[{i}].idempotencyKey", MAX_IDEMPOTENCY_KEY_LENGTH)
+                if idem is not None:
+                    if type(idem) is not str or len(idem) > MAX_IDEMPOTENCY_KEY_LENGTH or "\x01" in idem \
+                            or "\x02" in idem:
+                        idem = check_text(idem, f"messages[{i}].idempotencyKey", MAX_IDEMPOTENCY_KEY_LENGTH)
+                    if key_run is not None:
+                        raise _key_with_run(i)
                 qid = item.get("queueId")
                 if qid is not None and (type(qid) is not int or not 0 <= qid <= MAX_QUEUE_ID):
                     qid = check_queue_id(qid, f"messages[{i}].queueId")
@@ -187,9 +204,16 @@ def parse_produce_json(
                 queues.append(qid)
                 continue
         msg, qid = _full_message(item, f"messages[{i}]", topic, max_message_size, born_host, now)
+        if key_run is not None and msg.idempotency_key is not None:
+            raise _key_with_run(i)
         msgs.append(msg)
         queues.append(qid)
-    return msgs, queues
+    return msgs, queues, key_run
+
+
+def _key_with_run(i: int) -> BrokerError:
+    return invalid(f"messages[{i}].idempotencyKey", "not with firstIdempotencyKey, which gives every "
+                   "message of the request its key")
 
 
 def parse_produce_raw(

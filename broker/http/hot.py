@@ -38,7 +38,7 @@ from broker.http.codec import (
 from broker.http.consumers import ConsumerHandlers, GroupPath, HttpClient, client_of
 from broker.http.problems import http_problem, unexpected, validation_problem
 from broker.http.schemas import AckIn, ReceiveIn
-from broker.message import Message, MessageHead
+from broker.message import KeyRun, Message, MessageHead
 from broker.service import MAX_PULL_MESSAGES, Account, BrokerServices, ClientProtocol
 from broker.service.pull import MessageBuilder
 from dledger.codes import DLedgerException
@@ -102,8 +102,9 @@ def _build_base64(view: memoryview, head: MessageHead, topic_at: int, props_at: 
 
 def _decode_produce(
     services: BrokerServices, topic: str, headers: Mapping[str, str], query: Mapping[str, str], body: bytes
-) -> tuple[list[Message], list[int | None]]:
-    """The produce body (JSON, or raw with query parameters) as messages and their queue ids."""
+) -> tuple[list[Message], list[int | None], KeyRun | None]:
+    """The produce body (JSON, or raw with query parameters) as messages, their queue ids and
+    the key run that gives them their idempotency keys."""
     produce = services.produce
     mms, born = produce.max_message_size, produce.born_host
     ctype = (headers.get("content-type") or JSON).split(";", 1)[0].strip().lower()
@@ -113,7 +114,7 @@ def _decode_produce(
         return parse_produce_json(body, topic, mms, born)
     if ctype == "application/octet-stream":
         msg, qid = parse_produce_raw(body, query, topic, mms, born)
-        return [msg], [qid]
+        return [msg], [qid], None
     raise invalid("Content-Type", f"expected {JSON} or application/octet-stream, got {ctype!r}")
 
 
@@ -195,11 +196,11 @@ class HotHandlers(ConsumerHandlers):
         the put is stored: a refused one (no such topic, a bad name, bad input) lists nothing."""
         produce = self.services.produce
         try:
-            msgs, qids = _decode_produce(self.services, topic, headers, query, body)
+            msgs, qids, key_run = _decode_produce(self.services, topic, headers, query, body)
         except BrokerError as exc:
             produce.refused(topic, exc)
             raise
-        results = await produce.put(topic, msgs, qids, started)
+        results = await produce.put(topic, msgs, qids, started, key_run)
         self.services.clients.seen(topic, topic, ClientProtocol.HTTP, client.client_id, client.addr,
                                    client_type=client.client_type or "PRODUCER",
                                    language=client.language, version=client.version)

@@ -86,6 +86,11 @@ class ProduceMessage(_In):
 
 class ProduceRequest(_In):
     messages: list[ProduceMessage] = Field(min_length=1, max_length=10_000)
+    firstIdempotencyKey: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")] | None = Field(
+        default=None,
+        description="The idempotency keys of the messages as one run: message i's key has the same 16 hex "
+        "digits of prefix and the last 16 (the counter) plus i. No message may carry its own idempotencyKey",
+    )
 
 
 class PutResultOut(BaseModel):

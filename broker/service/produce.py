@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from broker.errors import BrokerCode, BrokerError, from_dledger
-from broker.message import Message
+from broker.message import KeyRun, Message
 from broker.message_model import SendResult
 from broker.message_type import TopicMessageType, topic_message_type
 from broker.service.acl import AccessControl, Account, Right
@@ -19,7 +19,7 @@ from broker.service.message_model import MessageModelService
 from broker.service.metrics import BrokerMetrics
 from broker.service.state import BrokerState
 from broker.store.offsets import PutResult
-from broker.topics import validate_topic
+from broker.topics import TopicConfig, validate_topic
 from dledger.codes import DLedgerException
 
 __all__ = ["ProduceService", "PutResult"]
@@ -68,13 +68,15 @@ class ProduceService:
         msgs: list[Message],
         queue_ids: list[int | None],
         started: float | None = None,
+        key_run: KeyRun | None = None,
     ) -> list[PutResult | SendResult]:
         """Store `msgs` (admitted) in order; `queue_ids[i]` is message i's queue or None (the
         store chooses). Nothing is stored when any message names a queue the topic lacks.
-        `started` (perf_counter) is when the request began, for the latency metric."""
+        `started` (perf_counter) is when the request began, for the latency metric. `key_run`
+        gives message i the idempotency key `key_run.key(i)` (the messages carry none)."""
         t0 = time.perf_counter() if started is None else started
         try:
-            results = await self._put(topic, msgs, queue_ids)
+            results = await self._put(topic, msgs, queue_ids, key_run)
         except BrokerError as exc:
             self.refused(topic, exc)
             raise
@@ -91,7 +93,7 @@ class ProduceService:
         self.metrics.put_errors.labels(topic=label, code=exc.code.value).inc()
 
     async def _put(
-        self, topic: str, msgs: list[Message], queue_ids: list[int | None]
+        self, topic: str, msgs: list[Message], queue_ids: list[int | None], key_run: KeyRun | None
     ) -> list[PutResult | SendResult]:
         topics = self.store.topics
         created = topics.get(topic) is None
@@ -108,11 +110,17 @@ class ProduceService:
                               f"{self.state.config.broker_permission})", topic=topic)
         if created:
             self.state.topics_changed()
-        for i, q in enumerate(queue_ids):
-            if q is not None:
-                cfg.check_write_queue(q, f"messages[{i}].queueId")
+        if queue_ids.count(None) != len(queue_ids):
+            self._check_queues(cfg, queue_ids)
         results: list[PutResult | SendResult] = []
-        routed = self.model.route(cfg, topic, msgs, queue_ids, int(time.time() * 1000))
+        now = int(time.time() * 1000)
+        routed = self.model.route(cfg, topic, msgs, queue_ids, now)
+        if routed is not None and key_run is not None:
+            # Typed messages go to the message model's topics one by one: each carries its key.
+            for i, m in enumerate(msgs):
+                m.idempotency_key = key_run.key(i)
+            key_run = None
+            routed = self.model.route(cfg, topic, msgs, queue_ids, now)
         # One store call per run of messages bound for the same queue, in request order. The store
         # answers a commit timeout itself (TIMEOUT, outcome unknown), so no extra timer here.
         put_messages = self.store.put_messages
@@ -124,7 +132,8 @@ class ProduceService:
                     while end < n and queue_ids[end] == queue_ids[start]:
                         end += 1
                     batch = msgs if start == 0 and end == n else msgs[start:end]
-                    results += await put_messages(topic, batch, queue_ids[start], await_dispatch=False)
+                    results += await put_messages(topic, batch, queue_ids[start], await_dispatch=False,
+                                                  key_run=None if key_run is None else key_run.part(start))
                     start = end
                 return results
             while start < n:  # typed messages: each run to where the message model sends it
@@ -140,3 +149,16 @@ class ProduceService:
         except DLedgerException as exc:
             raise from_dledger(exc) from None
         return results
+
+    @staticmethod
+    def _check_queues(cfg: TopicConfig, queue_ids: list[int | None]) -> None:
+        """Every named queue is a write queue of the topic; the first message naming one that is
+        not is the field refused. Each queue is checked once (a batch names one or a few)."""
+        if set(map(type, queue_ids)) <= {int, type(None)}:
+            for q in dict.fromkeys(queue_ids):
+                if q is not None and not 0 <= q < cfg.write_queue_nums:
+                    cfg.check_write_queue(q, f"messages[{queue_ids.index(q)}].queueId")
+            return
+        for i, q in enumerate(queue_ids):  # a bool or another type: refused, named as it came
+            if q is not None:
+                cfg.check_write_queue(q, f"messages[{i}].queueId")

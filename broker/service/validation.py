@@ -13,6 +13,7 @@ from typing import Any
 from broker.errors import BrokerCode, BrokerError, invalid
 from broker.message import (
     PROPERTY_IDEMPOTENCY_KEY,
+    PROPERTY_IDEMPOTENCY_KEY_RUN,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
@@ -28,7 +29,9 @@ MAX_QUEUE_ID = 65535
 # within a bound that keeps it usable as an idempotency key and a lookup key.
 MAX_CLIENT_ID_LENGTH = 128
 # Properties the broker sets from the message's own fields; never user properties.
-RESERVED_PROPERTIES = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_IDEMPOTENCY_KEY})
+RESERVED_PROPERTIES = frozenset(
+    {PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_IDEMPOTENCY_KEY, PROPERTY_IDEMPOTENCY_KEY_RUN}
+)
 
 
 def check_body_size(size: int, max_message_size: int, field: str) -> None:

@@ -119,9 +119,18 @@ class CommitLog(Protocol):
     async def shutdown(self) -> None:
         ...
 
-    async def put(self, topic: str, queue_id: int, bufs: list[bytearray]) -> list[Placed]:
+    @property
+    def pack_bytes(self) -> int:
+        """At most this many bytes of messages go into one log entry (a put of more is split into
+        several entries; a message larger than it is an entry of its own). No limit: one entry a put."""
+        ...
+
+    async def put(self, topic: str, queue_id: int, bufs: list[bytearray],
+                  entry_starts: list[int] | None = None) -> list[Placed]:
         """Append encoded messages of one queue; return once they are committed. BrokerError
-        (NOT_MASTER naming the replication code, DISK_FULL, TIMEOUT with an unknown outcome …)."""
+        (NOT_MASTER naming the replication code, DISK_FULL, TIMEOUT with an unknown outcome …).
+        `entry_starts`: the indexes where the caller's entries begin (each within `pack_bytes`),
+        instead of the log's own split."""
         ...
 
     async def put_many(self, bufs: list[bytearray]) -> list[Placed]:

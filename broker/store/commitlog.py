@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import struct
+import sys
 import time
 
 from broker.config import BrokerConfig
@@ -202,10 +203,14 @@ class LocalCommitLog:
 
     # ---- writing and reading ------------------------------------------------------------------
 
-    async def put(self, topic: str, queue_id: int, bufs: list[bytearray]) -> list[Placed]:
+    pack_bytes = sys.maxsize  # a put is one write, dispatched by one feed
+
+    async def put(self, topic: str, queue_id: int, bufs: list[bytearray],
+                  entry_starts: list[int] | None = None) -> list[Placed]:
         """Assign queue offsets and physical offsets and write — no await in between, so
-        concurrent puts cannot interleave — then dispatch what is now committed; with
-        `SYNC_FLUSH`, return after the fsync."""
+        concurrent puts cannot interleave — then dispatch what is now committed (in one feed,
+        also when a write fails halfway: a key run never continues into another put's feed);
+        with `SYNC_FLUSH`, return after the fsync. `entry_starts` changes nothing here."""
         if self._disk_refusal is not None:
             raise self._disk_refusal
         limit = self.files.file_size - 8
@@ -216,15 +221,17 @@ class LocalCommitLog:
         key = (topic, queue_id)
         table = self.topic_queue_table
         placed = []
-        for b in bufs:
-            qoff = table.get(key, 0)
-            table[key] = qoff + 1
-            phys = self._next_position(len(b))
-            _STAMP.pack_into(b, QUEUE_OFFSET_POSITION, qoff, phys)
-            at = self.files.append(b)
-            assert at == phys, (at, phys)
-            placed.append(Placed(phys, len(b), queue_id, qoff))
-        self._feed()
+        try:
+            for b in bufs:
+                qoff = table.get(key, 0)
+                table[key] = qoff + 1
+                phys = self._next_position(len(b))
+                _STAMP.pack_into(b, QUEUE_OFFSET_POSITION, qoff, phys)
+                at = self.files.append(b)
+                assert at == phys, (at, phys)
+                placed.append(Placed(phys, len(b), queue_id, qoff))
+        finally:
+            self._feed()
         if self.sync_flush:
             await self.flush()
         return placed

@@ -236,18 +236,22 @@ class DLedgerCommitLog:
 
     # ---- writing --------------------------------------------------------------------------------
 
-    async def put(self, topic: str, queue_id: int, bufs: list[bytearray]) -> list[Placed]:
+    async def put(self, topic: str, queue_id: int, bufs: list[bytearray],
+                  entry_starts: list[int] | None = None) -> list[Placed]:
         """Append a batch through the DLedger server (leader only); returns after commit. The
         append hook assigns the queue offsets (it reads topic and queue from the bytes)."""
         groups: list[list[bytearray]] = []
-        limit = self.pack_bytes
-        size = limit
-        for b in bufs:
-            if size + len(b) > limit:
-                groups.append([])
-                size = 0
-            groups[-1].append(b)
-            size += len(b)
+        if entry_starts is not None:
+            groups = [bufs[a:b] for a, b in zip(entry_starts, [*entry_starts[1:], len(bufs)], strict=True)]
+        else:
+            limit = self.pack_bytes
+            size = limit
+            for b in bufs:
+                if size + len(b) > limit:
+                    groups.append([])
+                    size = 0
+                groups[-1].append(b)
+                size += len(b)
         try:
             results = await self.server.append([b"".join(g) for g in groups])
         except DLedgerException as exc:

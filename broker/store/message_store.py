@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.config import BrokerConfig
 from broker.errors import BrokerCode, BrokerError
-from broker.message import Message, MessageExt
+from broker.message import KeyRun, Message, MessageExt
 from broker.role import BrokerRoleState
 from broker.store import store_recovery
 from broker.store.base import CommitLog, DispatchHook
@@ -156,6 +156,7 @@ class DefaultMessageStore:
         self._register_topics_of_queues()
         store_recovery.rebuild_idempotency(self.queues, read, self.gets.store_time_of,
                                            self.config.idempotency_window_ms, self.reput.remember_idempotency)
+        self.reput.end_key_run()
         for hook in self._recovery_hooks:
             hook()
         try:
@@ -282,9 +283,11 @@ class DefaultMessageStore:
     # a single produce is ~15 us, and each layer of coroutine costs several percent of it).
 
     def put_messages(self, topic: str, msgs: list[Message], queue_id: int | None = None,
-                     *, _system: bool = False, await_dispatch: bool = True) -> Awaitable[list[PutResult]]:
+                     *, _system: bool = False, await_dispatch: bool = True,
+                     key_run: KeyRun | None = None) -> Awaitable[list[PutResult]]:
         """See `PutMessageService.put_messages`."""
-        return self.puts.put_messages(topic, msgs, queue_id, _system=_system, await_dispatch=await_dispatch)
+        return self.puts.put_messages(topic, msgs, queue_id, _system=_system, await_dispatch=await_dispatch,
+                                      key_run=key_run)
 
     def put_messages_atomic(self, items: list[tuple[str, int | None, Message]]) -> Awaitable[list[PutResult]]:
         """See `PutMessageService.put_atomic`."""

@@ -8,7 +8,8 @@ replaying that topic's consume queue. So committed offsets survive a master fail
 
 `IdempotencyTable`: idempotency key → the first put's result, for `idempotencyWindowMs`. Built from
 the IDEMPOTENCY_KEY property of dispatched messages (no extra record), so it is the same on every
-member and is rebuilt by replay, and a retry after a failover still finds the first result.
+member and is rebuilt by replay, and a retry after a failover still finds the first result. A run
+of sequenced keys (one prefix, consecutive counters: what the SDK gives a batch) is one entry.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import asyncio
 import logging
 import struct
 import time
+from array import array
+from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Iterable
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
 
 from broker.errors import BrokerCode, BrokerError
+from broker.message import key_sequence, sequenced_key
 from broker.topics import SYS_CONSUMER_OFFSETS
 
 log = logging.getLogger(__name__)
@@ -154,17 +158,67 @@ _TS_MASK = (1 << 48) - 1
 _MAX_HOSTS = 1 << 16
 
 
-class _Bucket:
-    """Keys first remembered over one stretch of time: {topic: {key: packed result}}, and the
-    newest store timestamp among them (the bucket is dropped whole once that is past the window)."""
+class _KeyRun:
+    """The first results of the keys `prefix` + `first`..`last` (one put, one queue, one instant,
+    one host): message j at queue offset `first_queue_offset + j`, commit-log offset `phys[j]`,
+    size `sizes[j]` — 12 bytes a key instead of a dict entry and a packed result."""
 
-    __slots__ = ("count", "keys", "newest_ms", "start_ms")
+    __slots__ = ("first", "first_queue_offset", "last", "phys", "queue_id", "sizes", "stamp")
+
+    def __init__(self, first: int, stamp: int, queue_id: int, first_queue_offset: int,
+                 units: list[tuple[int, int]]) -> None:
+        self.first = first
+        self.last = first + len(units) - 1
+        self.stamp = stamp
+        self.queue_id = queue_id
+        self.first_queue_offset = first_queue_offset
+        self.phys = array("Q", map(itemgetter(0), units))
+        self.sizes = array("I", map(itemgetter(1), units))
+
+
+class _PrefixRuns:
+    """One prefix's runs in a bucket, sorted by first counter and never overlapping, so the only
+    run that can hold a counter is the last one starting at or before it (`firsts` is bisected)."""
+
+    __slots__ = ("firsts", "runs")
+
+    def __init__(self) -> None:
+        self.firsts: list[int] = []
+        self.runs: list[_KeyRun] = []
+
+    def add(self, run: _KeyRun) -> None:
+        if not self.runs or run.first > self.runs[-1].last:  # a producer's counters grow: appended
+            self.firsts.append(run.first)
+            self.runs.append(run)
+            return
+        i = bisect_right(self.firsts, run.first)
+        self.firsts.insert(i, run.first)
+        self.runs.insert(i, run)
+
+    def overlapping(self, first: int, last: int) -> list[_KeyRun]:
+        """The runs holding a counter in `first`..`last`."""
+        out = []
+        i = bisect_right(self.firsts, last) - 1
+        runs = self.runs
+        while i >= 0 and runs[i].last >= first:
+            out.append(runs[i])
+            i -= 1
+        return out
+
+
+class _Bucket:
+    """Keys first remembered over one stretch of time: {topic: {key: packed result}} and
+    {topic: {prefix: runs of sequenced keys}}, and the newest store timestamp among them (the
+    bucket is dropped whole once that is past the window)."""
+
+    __slots__ = ("count", "keys", "newest_ms", "runs", "start_ms")
 
     def __init__(self, start_ms: int) -> None:
         self.start_ms = start_ms
         self.newest_ms = start_ms
         self.count = 0
         self.keys: dict[str, dict[bytes, bytes]] = {}
+        self.runs: dict[str, dict[str, _PrefixRuns]] = {}
 
 
 class IdempotencyTable:
@@ -179,9 +233,11 @@ class IdempotencyTable:
     holding the holes of deleted keys). A key is held as its UTF-8 bytes — what the dispatcher
     reads from the log, with no conversion — and a result as one packed `_RESULT` (the store host
     interned). A lookup probes the topic's buckets, newest first, so buckets are few and large;
-    the put and the dispatcher look up and remember a whole batch per call.
-    Callers: the put (`first_results`), the dispatchers and recovery (`remember_run`,
-    `remember_stored`), lookups by id (`get`)."""
+    the put and the dispatcher look up and remember a whole batch per call. A run of sequenced
+    keys (what the SDK gives a batch: `key_sequence`) is held as one `_KeyRun` per bucket, found
+    by one bisect per bucket, and costs 12 bytes a key.
+    Callers: the put (`first_results`, `run_first_results`), the dispatchers and recovery
+    (`remember_run`, `remember_stored`, `remember_key_run`), lookups by id (`get`)."""
 
     BUCKETS_PER_WINDOW = 8
     BUCKETS_PER_MAX_KEYS = 4
@@ -202,6 +258,19 @@ class IdempotencyTable:
         """The topic's keys in each bucket, newest first (a retry is usually recent)."""
         return [keys for b in reversed(self._buckets) if (keys := b.keys.get(topic)) is not None]
 
+    def _held_runs(self, topic: str) -> list[dict[str, _PrefixRuns]]:
+        """The topic's runs of sequenced keys in each bucket, newest first."""
+        return [runs for b in reversed(self._buckets) if (runs := b.runs.get(topic)) is not None]
+
+    def _runs_holding(self, topic: str, prefix: str, first: int, last: int) -> list[_KeyRun]:
+        """The runs of `topic` holding a key `prefix` + a counter in `first`..`last`."""
+        out: list[_KeyRun] = []
+        for runs in self._held_runs(topic):
+            prefix_runs = runs.get(prefix)
+            if prefix_runs is not None:
+                out += prefix_runs.overlapping(first, last)
+        return out
+
     def get(self, topic: str, key: str, now_ms: int | None = None) -> PutResult | None:
         """The first result of `key` on `topic`, if it was stored within the window."""
         k = key.encode("utf-8", "surrogatepass")
@@ -209,11 +278,49 @@ class IdempotencyTable:
             packed = keys.get(k)
             if packed is not None:
                 return self._result(packed, now_ms)
+        seq = key_sequence(key)
+        if seq is not None:
+            for run in self._runs_holding(topic, seq[0], seq[1], seq[1]):
+                return self._run_result(run, seq[1] - run.first, now_ms)
         return None
 
     def first_results(self, topic: str, keys: list[str]) -> dict[int, PutResult] | None:
         """{i: first result} for the `keys[i]` stored within the window; None when there is none
         (a put's new keys, the common case)."""
+        hits = self._key_hits(topic, keys)
+        if self._held_runs(topic):  # a sequenced key may be held in a run
+            for i, key in enumerate(keys):
+                seq = key_sequence(key) if hits is None or i not in hits else None
+                if seq is None:
+                    continue
+                for run in self._runs_holding(topic, seq[0], seq[1], seq[1]):
+                    result = self._run_result(run, seq[1] - run.first, None)
+                    if result is not None:
+                        if hits is None:
+                            hits = {}
+                        hits[i] = result
+        return hits
+
+    def run_first_results(self, topic: str, prefix: str, first: int, n: int) -> dict[int, PutResult] | None:
+        """`first_results` of the `n` sequenced keys `prefix` + `first`, `first` + 1, … (a put's
+        run): one probe per bucket, and the keys are made only if the topic holds keys one by one."""
+        last = first + n - 1
+        hits = None
+        for run in self._runs_holding(topic, prefix, first, last):
+            for counter in range(max(first, run.first), min(last, run.last) + 1):
+                result = self._run_result(run, counter - run.first, None)
+                if result is not None:
+                    if hits is None:
+                        hits = {}
+                    hits[counter - first] = result
+        if self._held(topic):
+            one_by_one = self._key_hits(topic, [sequenced_key(prefix, c) for c in range(first, last + 1)])
+            if one_by_one:
+                hits = one_by_one if hits is None else {**one_by_one, **hits}
+        return hits
+
+    def _key_hits(self, topic: str, keys: list[str]) -> dict[int, PutResult] | None:
+        """`first_results` among the keys held one by one."""
         held = self._held(topic)
         if not held:
             return None
@@ -262,12 +369,7 @@ class IdempotencyTable:
         hid = self._host_ids.get(host)
         if hid is None:
             hid = self._host_id(host)
-        bucket = self._buckets[-1] if self._buckets else None
-        if bucket is not None and store_ts_ms < bucket.start_ms + self._bucket_ms:
-            if store_ts_ms > bucket.newest_ms:
-                bucket.newest_ms = store_ts_ms
-        else:
-            bucket = self._new_bucket(store_ts_ms)
+        bucket = self._bucket_at(store_ts_ms)
         held = self._held(topic)  # after any expiry
         into = bucket.keys.get(topic)
         if into is None:
@@ -320,6 +422,76 @@ class IdempotencyTable:
         while self._size > self.max_keys:
             self._evict_oldest()
 
+    def remember_key_run(self, topic: str, queue_id: int, store_ts_ms: int, host: bytes, prefix: str,
+                         first: int, first_queue_offset: int, units: list[tuple[int, int]]) -> None:
+        """Record the first results of the sequenced keys `prefix` + `first`, `first` + 1, … of
+        messages stored as `units` (commit-log offset, size) at queue offsets
+        `first_queue_offset`, … by `host` at `store_ts_ms` (what the dispatcher reads off a run's
+        head). A key held already keeps its first result; the others are one entry (a few if the
+        run fills the bucket or straddles held keys)."""
+        n = len(units)
+        if self.window_ms <= 0 or n == 0:
+            return
+        hid = self._host_ids.get(host)
+        if hid is None:
+            hid = self._host_id(host)
+        bucket = self._bucket_at(store_ts_ms)
+        held = self._held_indexes(topic, prefix, first, n)  # after any expiry
+        stamp = (store_ts_ms & _TS_MASK) | hid << 48
+        start = 0
+        while start < n:
+            if held is not None:
+                while start < n and start in held:
+                    start += 1
+                end = start
+                while end < n and end not in held:
+                    end += 1
+            else:
+                end = n
+            while start < end:  # the new keys from `start` to `end`, as many entries as buckets
+                room = self._bucket_keys - bucket.count
+                if room <= 0:
+                    bucket = self._new_bucket(store_ts_ms)
+                    continue
+                stop = min(end, start + room)
+                runs = bucket.runs.get(topic)
+                if runs is None:
+                    runs = bucket.runs[topic] = {}
+                prefix_runs = runs.get(prefix)
+                if prefix_runs is None:
+                    prefix_runs = runs[prefix] = _PrefixRuns()
+                prefix_runs.add(_KeyRun(first + start, stamp, queue_id, first_queue_offset + start,
+                                        units[start:stop]))
+                bucket.count += stop - start
+                self._size += stop - start
+                start = stop
+        while self._size > self.max_keys:
+            self._evict_oldest()
+
+    def _held_indexes(self, topic: str, prefix: str, first: int, n: int) -> set[int] | None:
+        """Which of the keys `prefix` + `first` … `first` + n - 1 the table holds (in or past the
+        window: a key's first result stays until its bucket goes); None for none."""
+        last = first + n - 1
+        held: set[int] = set()
+        for run in self._runs_holding(topic, prefix, first, last):
+            held.update(range(max(first, run.first) - first, min(last, run.last) - first + 1))
+        one_by_one = self._held(topic)
+        if one_by_one:
+            for i in range(n):
+                k = sequenced_key(prefix, first + i).encode()
+                if any(k in keys for keys in one_by_one):
+                    held.add(i)
+        return held or None
+
+    def _bucket_at(self, store_ts_ms: int) -> _Bucket:
+        """The bucket for keys stored at `store_ts_ms`: the newest one, or a new one past its time."""
+        bucket = self._buckets[-1] if self._buckets else None
+        if bucket is not None and store_ts_ms < bucket.start_ms + self._bucket_ms:
+            if store_ts_ms > bucket.newest_ms:
+                bucket.newest_ms = store_ts_ms
+            return bucket
+        return self._new_bucket(store_ts_ms)
+
     def _host_id(self, host: bytes) -> int:
         if len(self._hosts) == _MAX_HOSTS:  # a set's store hosts are its members: never in practice
             log.warning("event=idempotency_hosts_reset hosts=%d", len(self._hosts))
@@ -336,6 +508,15 @@ class IdempotencyTable:
         if now_ms - (stamp & _TS_MASK) > self.window_ms:
             return None
         return PutResult(f"{self._hosts[stamp >> 48]}{phys:016X}", queue_id, queue_offset, phys, size)
+
+    def _run_result(self, run: _KeyRun, j: int, now_ms: int | None) -> PutResult | None:
+        stamp = run.stamp
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        if now_ms - (stamp & _TS_MASK) > self.window_ms:
+            return None
+        phys = run.phys[j]
+        return PutResult(f"{self._hosts[stamp >> 48]}{phys:016X}", run.queue_id, run.first_queue_offset + j,
+                         phys, run.sizes[j])
 
     def _new_bucket(self, start_ms: int) -> _Bucket:
         bucket = _Bucket(start_ms)
@@ -376,6 +557,14 @@ class IdempotencyTable:
                     result = PutResult(f"{self._hosts[stamp >> 48]}{phys:016X}", queue_id, queue_offset,
                                        phys, size)
                     out.append((topic, k.decode("utf-8", "surrogatepass"), result, stamp & _TS_MASK))
+            for topic, runs in bucket.runs.items():
+                for prefix, prefix_runs in runs.items():
+                    for run in prefix_runs.runs:
+                        for j in range(run.last - run.first + 1):
+                            ts = run.stamp & _TS_MASK
+                            result = self._run_result(run, j, ts)
+                            assert result is not None
+                            out.append((topic, sequenced_key(prefix, run.first + j), result, ts))
         return sorted(out)
 
     def __len__(self) -> int:

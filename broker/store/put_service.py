@@ -11,11 +11,13 @@ Callers: the produce routes and the services above through `DefaultMessageStore`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from operator import attrgetter
 from typing import Any
 
 import orjson
@@ -23,10 +25,15 @@ import orjson
 from broker.config import BrokerConfig
 from broker.errors import BrokerCode, BrokerError
 from broker.message import (
+    MAX_KEY_COUNTER,
+    PROPERTY_IDEMPOTENCY_KEY,
+    PROPERTY_IDEMPOTENCY_KEY_RUN,
     PROPERTY_UNIQ_KEY,
+    KeyRun,
     Message,
     encode_batch,
     encode_message,
+    key_sequence,
     message_id_prefix,
     new_uniq_key,
 )
@@ -39,6 +46,7 @@ from broker.topics import TopicConfig, TopicConfigManager, is_system_topic, vali
 log = logging.getLogger("broker.store.message_store")
 
 _OWN_DISPATCH_WAIT_S = 2.0
+_idempotency_key = attrgetter("idempotency_key")
 # Puts whose keys stay claimed until the dispatcher passes them; past this many it is stuck (its
 # failure is logged) and keys go to the table at once, which bounds the memory they hold.
 _MAX_PUTS_AWAITING_DISPATCH = 10_000
@@ -47,18 +55,31 @@ _MAX_PUTS_AWAITING_DISPATCH = 10_000
 class _Claim:
     """The new idempotency keys of one put in flight (one object per put, not per key): a later
     put of one of them waits on `future`, which resolves to the claiming put's stored results,
-    `keys[j]` being the key of result j (None: a message without a key)."""
+    `keys[j]` being the key of result j (None: a message without a key) — or, for a put of a key
+    run, `run`'s key j, for `n` messages."""
 
-    __slots__ = ("future", "keys", "topic")
+    __slots__ = ("future", "keys", "n", "run", "topic")
 
-    def __init__(self, topic: str, keys: list[str | None]) -> None:
+    def __init__(self, topic: str, keys: list[str | None], run: KeyRun | None = None, n: int = 0) -> None:
         self.topic = topic
         self.keys = keys
+        self.run = run
+        self.n = n
         self.future: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
+
+    def holds(self, prefix: str, counter: int) -> bool:
+        """Whether this run claim's keys include `prefix` + `counter`."""
+        run = self.run
+        return run is not None and run.prefix == prefix and run.first <= counter < run.first + self.n
 
     async def result_of(self, key: str) -> PutResult:
         """The claiming put's result for `key` (raises what that put raised)."""
-        return (await self.future)[self.keys.index(key)]
+        results = await self.future
+        if self.run is not None:
+            seq = key_sequence(key)
+            assert seq is not None
+            return results[seq[1] - self.run.first]
+        return results[self.keys.index(key)]
 
 
 # A message of a put whose key another put (or an earlier message of this one) is storing: its
@@ -118,14 +139,21 @@ class PutMessageService:
         self.started = False  # set by the store once it has recovered
         self.system_gate = SystemWriteGate()
         self._pending: dict[str, dict[str, _Claim]] = {}  # topic → {key: the claim of the put storing it}
+        self._pending_runs: dict[str, list[_Claim]] = {}  # topic → the claims of puts storing key runs
         self._round_robin: dict[str, int] = {}
 
     async def put_messages(self, topic: str, msgs: list[Message], queue_id: int | None = None,
-                           *, _system: bool = False, await_dispatch: bool = True) -> list[PutResult]:
+                           *, _system: bool = False, await_dispatch: bool = True,
+                           key_run: KeyRun | None = None) -> list[PutResult]:
         """Store a batch (all to one queue) and return once committed and, with `await_dispatch`,
         dispatched here. A message whose idempotency key was stored within `idempotencyWindowMs`
         is not stored again: its first result is returned. Raises BrokerError; on an error nothing
         of the batch is stored.
+
+        `key_run` gives the messages (which then carry no key of their own) the keys of a run:
+        claimed, stored (on the first message only: IDEMPOTENCY_KEY and IDEMPOTENCY_KEY_RUN) and
+        remembered as one; if one of them is stored or in flight already (a retry), each message
+        gets its key and the put goes on as for keys one by one.
 
         `await_dispatch=False` is for a front-end that only answers its client with the results:
         a committed entry's dispatch is then already queued on the loop and runs before anything
@@ -138,15 +166,19 @@ class PutMessageService:
         queue_id = self._choose_queue(cfg, queue_id)
         results: list[PutResult | None] = [None] * len(msgs)
         waits: list[_Wait] = []
-        to_store, claim = self._claim_keys(topic, msgs, results, waits)
+        if key_run is not None:
+            to_store, claim, key_run, msgs = self._claim_run(topic, msgs, key_run, results, waits)
+        else:
+            to_store, claim = self._claim_keys(topic, msgs, results, waits)
         try:
-            bufs = self._encode(msgs, to_store, queue_id)
+            bufs, entry_starts = self._encode(msgs, to_store, queue_id, key_run)
         except BrokerError:
             if claim is not None:
                 self._release(claim)
                 claim.future.cancel()
             raise
-        stored = await self._append(topic, queue_id, bufs, claim, await_dispatch) if bufs else []
+        stored = (await self._append(topic, queue_id, bufs, entry_starts, claim, await_dispatch)
+                  if bufs else [])
         if claim is not None:
             # The dispatcher remembers every key as it dispatches; until it has passed this
             # batch the keys stay claimed, so a retry meanwhile gets this put's results.
@@ -155,7 +187,15 @@ class PutMessageService:
                 self._release(claim)
             elif self.reput.callbacks_waiting < _MAX_PUTS_AWAITING_DISPATCH:
                 self.reput.when_dispatched(end, self._release, claim)
-            else:  # the dispatcher is stuck: the keys go to the table now
+            elif key_run is not None:  # the dispatcher is stuck: the keys go to the table now
+                first = stored[0]
+                self.idempotency.remember_key_run(
+                    topic, first.queue_id, int(time.time() * 1000), bytes.fromhex(first.msg_id[:16]),
+                    key_run.prefix, key_run.first, first.queue_offset,
+                    [(r.commit_log_offset, r.store_size) for r in stored],
+                )
+                self._release(claim)
+            else:
                 now = int(time.time() * 1000)
                 for i, res in zip(to_store, stored, strict=True):
                     key = msgs[i].idempotency_key
@@ -198,6 +238,44 @@ class PutMessageService:
             return n % cfg.write_queue_nums
         return cfg.check_write_queue(queue_id)
 
+    def _claim_run(
+        self, topic: str, msgs: list[Message], run: KeyRun, results: list[PutResult | None],
+        waits: list[_Wait],
+    ) -> tuple[list[int], _Claim | None, KeyRun | None, list[Message]]:
+        """`_claim_keys` for a key run: claimed whole (one check of the table, one of the runs in
+        flight) when none of its keys is stored or in flight — the run is then stored as one —
+        else copies of the messages, each with its key, are sorted one by one (returned, with
+        the run None)."""
+        n = len(msgs)
+        if key_sequence(run.key(0)) != (run.prefix, run.first) or run.first + n - 1 > MAX_KEY_COUNTER:
+            raise BrokerError(BrokerCode.INVALID_REQUEST, "an idempotency key run needs 16 lower-case hex "
+                              "digits of prefix and room for every message's counter below 2^64",
+                              field="firstIdempotencyKey")
+        if any(map(_idempotency_key, msgs)):
+            raise BrokerError(BrokerCode.INVALID_REQUEST, "a message of a key run carries its own "
+                              "idempotency key", field="idempotencyKey")
+        last = run.first + n - 1
+        in_flight = self._pending_runs.get(topic)
+        if (
+            self.idempotency.run_first_results(topic, run.prefix, run.first, n) is None
+            and (in_flight is None or not any(
+                c.run is not None and c.run.prefix == run.prefix and c.run.first <= last
+                and run.first < c.run.first + c.n for c in in_flight
+            ))
+            and (topic not in self._pending or self._pending[topic].keys().isdisjoint(
+                [run.key(i) for i in range(n)]
+            ))
+        ):
+            claim = _Claim(topic, [], run, n)
+            if in_flight is None:
+                self._pending_runs[topic] = [claim]
+            else:
+                in_flight.append(claim)
+            return list(range(n)), claim, run, msgs
+        keyed = [dataclasses.replace(m, idempotency_key=run.key(i)) for i, m in enumerate(msgs)]
+        to_store, claim = self._claim_keys(topic, keyed, results, waits)
+        return to_store, claim, None, keyed
+
     def _claim_keys(self, topic: str, msgs: list[Message], results: list[PutResult | None],
                     waits: list[_Wait]) -> tuple[list[int], _Claim | None]:
         """Sort the batch by idempotency key: a key already stored gets its first result, a key
@@ -209,7 +287,8 @@ class PutMessageService:
         all_keyed = all(keyed)
         hits = self.idempotency.first_results(topic, keyed if all_keyed else [k or "" for k in keyed])
         pending = self._pending.get(topic)
-        if hits is None and all_keyed:
+        runs_in_flight = self._pending_runs.get(topic)
+        if hits is None and all_keyed and runs_in_flight is None:
             # The SDK's batch, the common case: every message keyed, every key new, none twice
             # and none in flight — claimed in C loops.
             claim = _Claim(topic, keyed)
@@ -231,6 +310,8 @@ class PutMessageService:
                     results[i] = hits[i]
                     continue
                 held = pending.get(key)
+                if held is None and runs_in_flight is not None and (seq := key_sequence(key)) is not None:
+                    held = next((c for c in runs_in_flight if c.holds(*seq)), None)
                 if held is not None:
                     waits.append((i, held, key))
                     continue
@@ -241,19 +322,51 @@ class PutMessageService:
             del self._pending[topic]
         return to_store, claim
 
-    def _encode(self, msgs: list[Message], to_store: list[int], queue_id: int) -> list[bytearray]:
+    def _encode(self, msgs: list[Message], to_store: list[int], queue_id: int,
+                key_run: KeyRun | None) -> tuple[list[bytearray], list[int] | None]:
+        """The messages to store, encoded, and where their log entries start (None: the log's
+        own split)."""
         batch = msgs if len(to_store) == len(msgs) else [msgs[i] for i in to_store]
         for m in batch:
             if not isinstance(m.body, bytes | bytearray):
                 raise BrokerError(BrokerCode.INVALID_REQUEST, "message body must be bytes", field="body")
-        return encode_batch(batch, queue_id=queue_id, store_host=self.config.broker_addr,
-                            max_message_size=self.config.max_message_size)
+        now = int(time.time() * 1000)
+        bufs = encode_batch(batch, queue_id=queue_id, store_host=self.config.broker_addr,
+                            max_message_size=self.config.max_message_size, store_timestamp=now)
+        if key_run is None:
+            return bufs, None
+        # A key run: the first message of each log entry the put fills carries its key and how
+        # many messages of the entry follow it in the run; the others are stored as plain
+        # messages (the dispatcher gives them their keys, never past the entry, so a run is
+        # never read into another put's messages). The entries are cut here, by the log's rule,
+        # with each head's own size (its count is 5 digits, so its size is known before it).
+        limit = self.commit_log.pack_bytes
+        starts: list[int] = []
+        size = limit
+        for i, b in enumerate(bufs):
+            if size + len(b) > limit:
+                starts.append(i)
+                bufs[i] = self._run_head(batch[i], key_run.key(i), 0, queue_id, now)
+                size = len(bufs[i])
+            else:
+                size += len(b)
+        for a, b in zip(starts, [*starts[1:], len(bufs)], strict=True):
+            bufs[a] = self._run_head(batch[a], key_run.key(a), b - a, queue_id, now)
+        return bufs, starts
 
-    async def _append(self, topic: str, queue_id: int, bufs: list[bytearray],
+    def _run_head(self, msg: Message, key: str, count: int, queue_id: int, now: int) -> bytearray:
+        props = msg.all_properties()
+        props[PROPERTY_IDEMPOTENCY_KEY] = key
+        props[PROPERTY_IDEMPOTENCY_KEY_RUN] = f"{count:05d}"
+        return encode_message(msg, queue_id=queue_id, queue_offset=0, phys_offset=0,
+                              store_host=self.config.broker_addr, store_timestamp=now, props=props,
+                              max_message_size=self.config.max_message_size)
+
+    async def _append(self, topic: str, queue_id: int, bufs: list[bytearray], entry_starts: list[int] | None,
                       claim: _Claim | None, await_dispatch: bool) -> list[PutResult]:
         """Append; if it fails, the puts waiting on keys this one claimed fail with it."""
         try:
-            placed = await self.commit_log.put(topic, queue_id, bufs)
+            placed = await self.commit_log.put(topic, queue_id, bufs, entry_starts)
         except BrokerError as exc:
             if exc.code != BrokerCode.NOT_MASTER:
                 self._fail_claim(claim, exc)
@@ -338,6 +451,13 @@ class PutMessageService:
 
     def _release(self, claim: _Claim) -> None:
         """The claiming put is over: its keys are no longer in flight."""
+        if claim.run is not None:
+            runs = self._pending_runs.get(claim.topic)
+            if runs is not None and claim in runs:
+                runs.remove(claim)
+                if not runs:
+                    del self._pending_runs[claim.topic]
+            return
         pending = self._pending.get(claim.topic)
         if pending is None:
             return

@@ -25,10 +25,12 @@ from broker.message import (
     BODY_LENGTH_POSITION,
     FIXED_OVERHEAD,
     IDEMPOTENCY_MARK,
+    MAX_KEY_COUNTER,
     MESSAGE_MAGIC_CODE,
     STORE_TIMESTAMP_POSITION,
     TAGS_MARK,
     DispatchInfo,
+    key_sequence,
     keyed_plain_key,
     keyed_tail,
     message_id_prefix,
@@ -61,6 +63,42 @@ def _expire_waiter(fut: asyncio.Future[None]) -> None:
                                       outcome="committed"))
 
 
+class _KeyRunInProgress:
+    """A key run being dispatched: its head (the message carrying IDEMPOTENCY_KEY_RUN) is in, and
+    the next `remaining` messages of its queue — at the next queue offsets, stored at the same
+    instant (one put stamps one store timestamp) and dispatched in the same entry or feed (the
+    put cut its runs at its entries) — carry the next keys. Remembered as one entry once complete,
+    or as far as it got when a message, or the end of the entry or feed, breaks it."""
+
+    __slots__ = ("first", "first_queue_offset", "host", "next_queue_offset", "prefix", "queue_id",
+                 "remaining", "topic", "ts", "units")
+
+    def __init__(self, info: DispatchInfo, prefix: str, first: int) -> None:
+        self.topic = info.topic
+        self.queue_id = info.queue_id
+        self.prefix = prefix
+        self.first = first
+        self.ts = info.store_timestamp
+        self.host = bytes.fromhex(message_id_prefix(info.store_host))
+        self.first_queue_offset = info.queue_offset
+        self.units = [(info.phys_offset, info.size)]
+        self.next_queue_offset = info.queue_offset + 1
+        self.remaining = info.key_run - 1
+
+    def take(self, topic: str, queue_id: int, queue_offset: int, store_ts: int,
+             units: list[tuple[int, int]]) -> int:
+        """How many of `units` (messages of `topic`/`queue_id` from `queue_offset` on, in log
+        order, stored at `store_ts`) continue the run; they are added."""
+        if queue_offset != self.next_queue_offset or store_ts != self.ts or queue_id != self.queue_id \
+                or topic != self.topic:
+            return 0
+        n = min(len(units), self.remaining)
+        self.units += units if n == len(units) else units[:n]
+        self.remaining -= n
+        self.next_queue_offset += n
+        return n
+
+
 class ReputMessageService:
     """The dispatcher (a `broker.store.base.Dispatcher`). Callers: the commit log (`dispatch*`),
     the put path (`wait_dispatched`), the store's start and flush (`reput_offset`)."""
@@ -88,6 +126,7 @@ class ReputMessageService:
         self._waiter_seq = itertools.count()
         # The same for plain callbacks (`when_dispatched`): no future, no timer.
         self._callbacks: list[tuple[int, int, Callable[[Any], None], Any]] = []
+        self._key_run: _KeyRunInProgress | None = None
 
     @property
     def readable_end(self) -> int:
@@ -126,7 +165,10 @@ class ReputMessageService:
         heapq.heappush(self._callbacks, (phys_end, next(self._waiter_seq), callback, arg))
 
     def dispatch_done(self) -> None:
-        """After a batch of dispatches: release `wait_dispatched` callers that are covered."""
+        """After a batch of dispatches (a feed): release `wait_dispatched` callers that are
+        covered. A key run never continues into the next feed."""
+        if self._key_run is not None:
+            self.end_key_run()
         reput = self.reput_offset
         callbacks = self._callbacks
         while callbacks and callbacks[0][0] <= reput:
@@ -198,8 +240,11 @@ class ReputMessageService:
         if written and hook is not None:
             assert info is not None
             hook.on_unit(info)
-        if info is not None and info.idempotency_key:
-            self.remember_idempotency(info)
+        if info is not None:
+            if info.idempotency_key or self._key_run is not None:
+                self.remember_idempotency(info)
+        elif self._key_run is not None:
+            self._continue_key_run(topic, queue_id, queue_offset, head.store_timestamp, [(phys, size)])
         self.reput_offset = phys + size
         if self._poll_waiting:
             self.long_polling.notify(key)
@@ -292,6 +337,8 @@ class ReputMessageService:
                     first_qoff = next_qoff = queue_offset + 1
             off = msg_end
         self._end_run(run_cq, first_qoff, units, key_stamp, keys, key_units)
+        if self._key_run is not None:  # a key run never spans entries
+            self.end_key_run()
         # Long polls: `dispatch` woke a run's waiters at its first message; they run after this
         # synchronous loop and read the whole run.
 
@@ -302,6 +349,8 @@ class ReputMessageService:
         cq.put_units(first_qoff, units)
         self._advance_table((cq.topic, cq.queue_id), first_qoff + len(units))
         self._remember_keys(cq, first_qoff, units, key_stamp, keys, key_units)
+        if self._key_run is not None:  # started in this entry: the same put, the same store timestamp
+            self._continue_key_run(cq.topic, cq.queue_id, first_qoff, self._key_run.ts, units)
         phys, size = units[-1]
         self.reput_offset = phys + size
 
@@ -312,10 +361,46 @@ class ReputMessageService:
             self.idempotency.remember_run(cq.topic, cq.queue_id, ts, host, keys, first_qoff, units, key_units)
 
     def remember_idempotency(self, info: DispatchInfo) -> None:
+        """Remember the idempotency key of a dispatched message (in log order): its own, the
+        first of the key run it heads, or the next one of the run it continues."""
         key = info.idempotency_key
-        if key:
-            self.idempotency.remember_stored(info.topic, key.encode("utf-8", "surrogatepass"),
-                                             bytes.fromhex(message_id_prefix(info.store_host)), info.queue_id,
-                                             info.queue_offset, info.phys_offset, info.size,
-                                             info.store_timestamp)
+        if self._key_run is not None:
+            if not key and self._continue_key_run(info.topic, info.queue_id, info.queue_offset,
+                                                  info.store_timestamp, [(info.phys_offset, info.size)]):
+                return
+            self.end_key_run()
+        if not key:
+            return
+        if info.key_run > 0 and (seq := key_sequence(key)) is not None \
+                and seq[1] + info.key_run - 1 <= MAX_KEY_COUNTER:
+            self._key_run = _KeyRunInProgress(info, *seq)
+            if self._key_run.remaining == 0:
+                self.end_key_run()
+            return
+        self.idempotency.remember_stored(info.topic, key.encode("utf-8", "surrogatepass"),
+                                         bytes.fromhex(message_id_prefix(info.store_host)), info.queue_id,
+                                         info.queue_offset, info.phys_offset, info.size, info.store_timestamp)
+
+    def _continue_key_run(self, topic: str, queue_id: int, queue_offset: int, store_ts: int,
+                          units: list[tuple[int, int]]) -> bool:
+        """Add what continues the key run in progress; end it if complete or broken. True if
+        all of `units` belonged to it."""
+        run = self._key_run
+        assert run is not None
+        taken = run.take(topic, queue_id, queue_offset, store_ts, units)
+        if run.remaining == 0 or taken < len(units):
+            self.end_key_run()
+        return taken == len(units)
+
+    def end_key_run(self) -> None:
+        """Remember the key run in progress as far as it got (a short one is logged: its put
+        wrote every message of it into one entry, so only a cut log ends one early)."""
+        run, self._key_run = self._key_run, None
+        if run is None:
+            return
+        if run.remaining:
+            log.warning("event=key_run_cut topic=%s queueId=%d queueOffset=%d missing=%d", run.topic,
+                        run.queue_id, run.first_queue_offset, run.remaining)
+        self.idempotency.remember_key_run(run.topic, run.queue_id, run.ts, run.host, run.prefix, run.first,
+                                          run.first_queue_offset, run.units)
 

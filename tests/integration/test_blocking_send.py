@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+import httpx
 import pytest
 
 from client import Message, Producer
@@ -53,6 +54,32 @@ def test_a_lone_send_does_not_wait_for_the_producers_io_thread(single):
     m = stored[(1, keyed.queue_offset)]
     assert keyed.queue_id == 1 and m["body"] == "with fields" and m["tags"] == "t" and m["keys"] == ["k1"]
     assert len({(r.queue_id, r.queue_offset) for r in results}) == 5
+
+
+def _keys_held(broker: str) -> float:
+    """The broker's idempotency table size (`ledgermq_idempotency_keys`)."""
+    text = httpx.get(f"http://{broker}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("ledgermq_idempotency_keys{"))
+
+
+def test_every_path_of_the_producer_gives_each_message_its_own_key(single):
+    """Blocking sends (on the caller's thread and through the I/O thread), `send_async` batches
+    (their keys sent as one run) and `send_batch`: the broker's key table grows by one key a
+    message, so a retry of any of them is answered instead of stored again."""
+    _, ns, broker = single
+    create(broker, ns, "every-path", 2)
+    before = _keys_held(broker)
+    with Producer(ns) as p:
+        p.send("every-path", "route fetched")
+        p.send("every-path", "direct")
+        futures = [p.send_async("every-path", f"b{i}") for i in range(50)]
+        [f.result(10) for f in futures]
+        p.send_batch("every-path", ["x", "y", "z"])
+    deadline = time.monotonic() + 5
+    while _keys_held(broker) - before < 55 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the dispatcher remembers them just after the answers
+    assert _keys_held(broker) - before == 55
 
 
 def test_a_send_stays_behind_the_producers_unresolved_messages(single):

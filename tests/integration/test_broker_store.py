@@ -16,7 +16,7 @@ import pytest
 from broker.config import BrokerConfig
 from broker.errors import BrokerCode, BrokerError
 from broker.filter import TagFilter
-from broker.message import Message, decode_message_id
+from broker.message import KeyRun, Message, decode_message_id
 from broker.store.message_store import DefaultMessageStore
 from tests.ports import free_port
 
@@ -164,6 +164,52 @@ async def test_idempotency_keys_stored_in_flight_and_new_in_one_batch_keep_their
     stored = {m.queue_offset: m.body for m in store.get_messages("K", 0, 0, 10).messages}
     assert [stored[r.queue_offset] for r in ra] == [b"c", b"plain", b"d"]
     assert [stored[r.queue_offset] for r in rb] == [b"d", b"a", b"e", b"plain2", b"c", b"e"]
+
+
+async def test_a_key_run_is_stored_once_and_answered_by_key_also_after_restart(mode, tmp_path):
+    """A put whose keys are a run (what the SDK sends: `firstIdempotencyKey`), put again whole,
+    concurrently, overlapping, or key by key (a caller resending an outcome-unknown send's
+    messages): each message is stored once and every key answered with its first result — also
+    after a restart, when the table is rebuilt from the log, where only the run's first message
+    carries a key."""
+    cfg = make_config(mode, tmp_path)
+    run = KeyRun("0123456789abcdef", 1000)
+
+    def batch(tag: str, n: int = 6) -> list[Message]:
+        return [Message("R", f"{tag}{i}".encode()) for i in range(n)]
+
+    # 60 KB: several DLedger entries of 8 KB here, and a commit-log file's end in local mode.
+    big_run = KeyRun("fedcba9876543210", 2**63)
+    big = [Message("R", b"%04d" % i + b"x" * 1000) for i in range(60)]
+    s = await open_store(cfg)
+    try:
+        first_big = await s.put_messages("R", big, 2, key_run=big_run)
+        assert [r.queue_offset for r in first_big] == list(range(60))
+        assert await s.put_messages("R", big, 2, key_run=big_run) == first_big
+        by_key = [Message("R", b"e", idempotency_key=big_run.key(59))]
+        assert await s.put_messages("R", by_key, 2) == first_big[59:]
+        a, b = await asyncio.gather(s.put_messages("R", batch("a"), 1, key_run=run),
+                                    s.put_messages("R", batch("b"), 1, key_run=run))
+        assert a == b and [r.queue_offset for r in a] == list(range(6))
+        assert await s.put_messages("R", batch("c"), 1, key_run=run) == a
+        over = await s.put_messages("R", batch("d"), 1, key_run=KeyRun(run.prefix, 1004))
+        assert over[:2] == a[4:] and [r.queue_offset for r in over[2:]] == [6, 7, 8, 9]
+        assert await s.put_messages("R", [Message("R", b"e", idempotency_key=run.key(3))], 1) == [a[3]]
+        assert s.max_offset("R", 1) == 10
+        stored = [m.body for m in s.get_messages("R", 1, 0, 10).messages]
+        assert stored == [b"a%d" % i for i in range(6)] + [b"d%d" % i for i in range(2, 6)]
+    finally:
+        await close_store(s)
+    s = await open_store(cfg)
+    try:
+        assert await s.put_messages("R", batch("f", 10), 1, key_run=run) == a + over[2:]
+        assert s.max_offset("R", 1) == 10
+        over_big = await s.put_messages("R", big, 2, key_run=KeyRun(big_run.prefix, big_run.first + 30))
+        assert over_big[:30] == first_big[30:]
+        assert [r.queue_offset for r in over_big[30:]] == list(range(60, 90))
+        assert s.max_offset("R", 2) == 90
+    finally:
+        await close_store(s)
 
 
 async def test_bad_input_precise_errors_nothing_stored(store):

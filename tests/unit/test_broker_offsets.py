@@ -179,3 +179,62 @@ def test_idempotency_lookup_of_a_key_with_a_lone_surrogate():
     t = IdempotencyTable(window_ms=600_000)
     t.remember("T", "k\ud800", _put(1), store_ts_ms=int(time.time() * 1000))
     assert t.first_results("T", ["new", "k\ud800"]) == {1: _put(1)}
+
+
+_PREFIX = "00c0ffee00c0ffee"
+
+
+def _units(first_phys: int, sizes: list[int]) -> list[tuple[int, int]]:
+    out, phys = [], first_phys
+    for size in sizes:
+        out.append((phys, size))
+        phys += size
+    return out
+
+
+def test_key_run_answers_each_key_with_its_own_message():
+    t = IdempotencyTable(window_ms=60_000)
+    host = bytes.fromhex("0A00000100002AAF")
+    units = _units(5_000, [1_300, 1_100, 1_100, 1_200])
+    now = int(time.time() * 1000)  # the put's lookups read the clock
+    t.remember_key_run("T", 3, now, host, _PREFIX, 2**40, 70, units)
+    for j, (phys, size) in enumerate(units):
+        key = f"{_PREFIX}{2**40 + j:016x}"
+        assert t.get("T", key) == PutResult(f"0A00000100002AAF{phys:016X}", 3, 70 + j, phys, size)
+    assert t.get("T", f"{_PREFIX}{2**40 + 4:016x}") is None  # one past the run
+    assert t.get("T", f"{_PREFIX}{2**40 - 1:016x}") is None
+    assert t.get("T", f"{_PREFIX.upper()}{2**40:016x}") is None  # not the same key
+    assert t.get("U", f"{_PREFIX}{2**40:016x}") is None
+    assert len(t) == 4 and [e[1] for e in t.entries()] == [f"{_PREFIX}{2**40 + j:016x}" for j in range(4)]
+    # A put's lookups: a run overlapping it, and keys one by one (a resend with explicit keys).
+    hits = t.run_first_results("T", _PREFIX, 2**40 + 2, 5)
+    assert hits is not None and sorted(hits) == [0, 1] and hits[0].queue_offset == 72
+    assert t.run_first_results("T", _PREFIX, 2**40 + 4, 100) is None
+    keys = ["other", f"{_PREFIX}{2**40 + 1:016x}", f"{_PREFIX}{2**40 + 9:016x}"]
+    hits = t.first_results("T", keys)
+    assert hits is not None and list(hits) == [1] and hits[1].queue_offset == 71
+    assert t.get("T", f"{_PREFIX}{2**40:016x}", now_ms=now + 60_001) is None  # past the window
+
+
+def test_key_run_keeps_the_first_result_of_keys_held_already():
+    t = IdempotencyTable(window_ms=60_000)
+    host = bytes.fromhex("0A00000100002AAF")
+    t.remember("T", f"{_PREFIX}{12:016x}", _put(1), store_ts_ms=1_000)  # stored one by one first
+    t.remember_key_run("T", 0, 1_000, host, _PREFIX, 14, 0, _units(100, [10] * 3))  # 14..16
+    t.remember_key_run("T", 1, 1_001, host, _PREFIX, 10, 50, _units(900, [10] * 8))  # 10..17
+    got = {e[1][-2:]: e[2] for e in t.entries()}
+    assert len(t) == len(got) == 8
+    assert got["0c"] == _put(1) and got["0e"].queue_offset == 0 and got["10"].queue_offset == 2
+    assert [got[f"{c:02x}"].queue_offset for c in (10, 11, 13, 17)] == [50, 51, 53, 57]
+
+
+def test_key_runs_fill_buckets_and_count_towards_max_keys():
+    t = IdempotencyTable(window_ms=600_000, max_keys=40)  # buckets of at most 10 keys
+    host = bytes.fromhex("0A00000100002AAF")
+    t.remember_key_run("T", 0, 1_000, host, _PREFIX, 0, 0, _units(0, [10] * 25))
+    assert [b.count for b in t._buckets] == [10, 10, 5] and len(t) == 25
+    assert t.get("T", f"{_PREFIX}{24:016x}", now_ms=1_000).queue_offset == 24
+    t.remember_key_run("T", 0, 1_000, host, _PREFIX, 25, 25, _units(250, [10] * 20))
+    assert len(t) <= 40 and t.evicted == 10  # the oldest bucket went whole
+    assert t.get("T", f"{_PREFIX}{0:016x}", now_ms=1_000) is None
+    assert t.get("T", f"{_PREFIX}{44:016x}", now_ms=1_000).queue_offset == 44

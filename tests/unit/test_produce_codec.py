@@ -17,7 +17,7 @@ _MAX = 4 * 1024 * 1024
 
 def _both(item: dict[str, Any]) -> tuple[Any, Any]:
     """(what the decoder gives for one item, what the full reader gives for it)."""
-    msgs, queues = parse_produce_json(orjson.dumps({"messages": [item]}), "T", _MAX, "h:1")
+    msgs, queues, _ = parse_produce_json(orjson.dumps({"messages": [item]}), "T", _MAX, "h:1")
     full, qid = _full_message(item, "messages[0]", "T", _MAX, "h:1", msgs[0].born_timestamp)
     return (msgs[0], queues[0]), (full, qid)
 
@@ -50,7 +50,7 @@ def test_sdk_shaped_messages_decode_as_the_full_reader_does(item: dict[str, Any]
 
 
 def test_a_float_queue_id_that_is_an_integer_is_that_queue() -> None:
-    _, queues = parse_produce_json(
+    _, queues, _ = parse_produce_json(
         b'{"messages": [{"body": "a", "idempotencyKey": "k", "queueId": 2.0}]}', "T", _MAX, "h"
     )
     assert queues == [2] and type(queues[0]) is int
@@ -90,3 +90,37 @@ def test_the_body_size_limit_holds_on_the_shortcut() -> None:
     with pytest.raises(BrokerError) as err:
         parse_produce_json(b'{"messages": [{"body": "abcdef", "queueId": 0}]}', "T", 5, "h")
     assert err.value.extra["field"] == "messages[0].body"
+
+
+def test_first_idempotency_key_gives_the_request_a_key_run():
+    first = "00c0ffee00c0ffee" + f"{41:016x}"
+    body = orjson.dumps({"messages": [{"body": "a", "queueId": 1}, {"body": "b"}],
+                         "firstIdempotencyKey": first})
+    msgs, queues, run = parse_produce_json(body, "T", _MAX, "h")
+    assert run is not None and (run.prefix, run.first) == ("00c0ffee00c0ffee", 41)
+    assert [run.key(i) for i in range(2)] == [first, "00c0ffee00c0ffee" + f"{42:016x}"]
+    assert queues == [1, None] and [m.idempotency_key for m in msgs] == [None, None]
+
+
+@pytest.mark.parametrize(("doc", "field"), [
+    ({"firstIdempotencyKey": "00C0FFEE00C0FFEE0000000000000001"}, "firstIdempotencyKey"),  # upper case
+    ({"firstIdempotencyKey": "00c0ffee00c0ffee000000000000001"}, "firstIdempotencyKey"),  # 31 digits
+    ({"firstIdempotencyKey": 7}, "firstIdempotencyKey"),
+    ({"firstIdempotencyKey": "00c0ffee00c0ffee" + "f" * 16}, "firstIdempotencyKey"),  # the 2nd would wrap
+    ({"firstIdempotencyKey": "00c0ffee00c0ffee" + "0" * 16, "extra": 1}, "extra"),
+])
+def test_a_bad_first_idempotency_key_is_refused_naming_its_field(doc, field):
+    body = orjson.dumps({"messages": [{"body": "a"}, {"body": "b"}], **doc})
+    with pytest.raises(BrokerError) as ei:
+        parse_produce_json(body, "T", _MAX, "h")
+    assert ei.value.extra.get("field") == field, ei.value
+
+
+@pytest.mark.parametrize("item", [{"body": "b", "idempotencyKey": "k"},
+                                  {"body": "b", "idempotencyKey": "k", "tags": "t"}])
+def test_a_message_key_beside_a_key_run_is_refused(item):
+    body = orjson.dumps({"messages": [{"body": "a"}, item],
+                         "firstIdempotencyKey": "00c0ffee00c0ffee" + "0" * 16})
+    with pytest.raises(BrokerError) as ei:
+        parse_produce_json(body, "T", _MAX, "h")
+    assert ei.value.extra.get("field") == "messages[1].idempotencyKey"
