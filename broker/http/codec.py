@@ -72,8 +72,8 @@ def _messages_of(raw: bytes) -> tuple[list[Any], KeyRun | None]:
         doc = {"messages": [doc]}
     if not isinstance(doc, dict) or not isinstance(doc.get("messages"), list):
         raise invalid("messages", 'expected {"messages": [{"body": ...}, ...]}')
-    first_key = doc.get("firstIdempotencyKey")
-    if len(doc) > (1 if first_key is None else 2):
+    first_key = doc.get("firstIdempotencyKey")  # null: none, as when absent
+    if len(doc) > (2 if "firstIdempotencyKey" in doc else 1):
         raise invalid(sorted(k for k in doc if k not in _BATCH_FIELDS)[0],
                       'unknown field; the body is {"messages": [...], "firstIdempotencyKey": ...}')
     items: list[Any] = doc["messages"]

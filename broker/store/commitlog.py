@@ -223,13 +223,7 @@ class LocalCommitLog:
         placed = []
         try:
             for b in bufs:
-                qoff = table.get(key, 0)
-                table[key] = qoff + 1
-                phys = self._next_position(len(b))
-                _STAMP.pack_into(b, QUEUE_OFFSET_POSITION, qoff, phys)
-                at = self.files.append(b)
-                assert at == phys, (at, phys)
-                placed.append(Placed(phys, len(b), queue_id, qoff))
+                placed.append(self._write(b, key, table))
         finally:
             self._feed()
         if self.sync_flush:
@@ -251,13 +245,7 @@ class LocalCommitLog:
             topic_at = BODY_LENGTH_POSITION + 4 + _INT.unpack_from(b, BODY_LENGTH_POSITION)[0]
             key = (topic_name(bytes(b[topic_at + 1:topic_at + 1 + b[topic_at]])),
                    _INT.unpack_from(b, QUEUE_ID_POSITION)[0])
-            qoff = table.get(key, 0)
-            table[key] = qoff + 1
-            phys = self._next_position(len(b))
-            _STAMP.pack_into(b, QUEUE_OFFSET_POSITION, qoff, phys)
-            at = self.files.append(b)
-            assert at == phys, (at, phys)
-            placed.append(Placed(phys, len(b), key[1], qoff))
+            placed.append(self._write(b, key, table))
         self._feed()
         if self.sync_flush:
             await self.flush()
@@ -271,6 +259,16 @@ class LocalCommitLog:
             raise BrokerError(BrokerCode.MESSAGE_TOO_LARGE,
                               f"message of {size} bytes does not fit a commit-log file: "
                               f"{exc.detail}") from None
+
+    def _write(self, b: bytearray, key: tuple[str, int], table: TopicQueueTable) -> Placed:
+        """Stamp the next queue offset of `key` and the position into message `b`; append it."""
+        qoff = table.get(key, 0)
+        table[key] = qoff + 1
+        phys = self._next_position(len(b))
+        _STAMP.pack_into(b, QUEUE_OFFSET_POSITION, qoff, phys)
+        at = self.files.append(b)
+        assert at == phys, (at, phys)
+        return Placed(phys, len(b), key[1], qoff)
 
     def _feed(self) -> None:
         """Dispatch everything between the dispatcher's position and the end of the log."""

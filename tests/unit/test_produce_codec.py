@@ -92,6 +92,12 @@ def test_the_body_size_limit_holds_on_the_shortcut() -> None:
     assert err.value.extra["field"] == "messages[0].body"
 
 
+def test_a_null_first_idempotency_key_is_none():
+    body = b'{"messages": [{"body": "a"}], "firstIdempotencyKey": null}'
+    msgs, _, run = parse_produce_json(body, "T", _MAX, "h")
+    assert run is None and msgs[0].idempotency_key is None
+
+
 def test_first_idempotency_key_gives_the_request_a_key_run():
     first = "00c0ffee00c0ffee" + f"{41:016x}"
     body = orjson.dumps({"messages": [{"body": "a", "queueId": 1}, {"body": "b"}],
