@@ -117,9 +117,7 @@ class ProduceService:
         routed = self.model.route(cfg, topic, msgs, queue_ids, now)
         if routed is not None and key_run is not None:
             # Typed messages go to the message model's topics one by one: each carries its key.
-            for i, m in enumerate(msgs):
-                m.idempotency_key = key_run.key(i)
-            key_run = None
+            msgs, key_run = key_run.keyed(msgs), None
             routed = self.model.route(cfg, topic, msgs, queue_ids, now)
         # One store call per run of messages bound for the same queue, in request order. The store
         # answers a commit timeout itself (TIMEOUT, outcome unknown), so no extra timer here.

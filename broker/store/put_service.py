@@ -11,7 +11,6 @@ Callers: the produce routes and the services above through `DefaultMessageStore`
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections import deque
@@ -67,10 +66,10 @@ class _Claim:
         self.n = n
         self.future: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
 
-    def holds(self, prefix: str, counter: int) -> bool:
-        """Whether this run claim's keys include `prefix` + `counter`."""
+    def holds(self, prefix: str, first: int, last: int) -> bool:
+        """Whether this run claim's keys include one of `prefix` + `first` … `last`."""
         run = self.run
-        return run is not None and run.prefix == prefix and run.first <= counter < run.first + self.n
+        return run is not None and run.prefix == prefix and run.first <= last and first < run.first + self.n
 
     async def result_of(self, key: str) -> PutResult:
         """The claiming put's result for `key` (raises what that put raised)."""
@@ -258,10 +257,7 @@ class PutMessageService:
         in_flight = self._pending_runs.get(topic)
         if (
             self.idempotency.run_first_results(topic, run.prefix, run.first, n) is None
-            and (in_flight is None or not any(
-                c.run is not None and c.run.prefix == run.prefix and c.run.first <= last
-                and run.first < c.run.first + c.n for c in in_flight
-            ))
+            and (in_flight is None or not any(c.holds(run.prefix, run.first, last) for c in in_flight))
             and (topic not in self._pending or self._pending[topic].keys().isdisjoint(
                 [run.key(i) for i in range(n)]
             ))
@@ -272,7 +268,7 @@ class PutMessageService:
             else:
                 in_flight.append(claim)
             return list(range(n)), claim, run, msgs
-        keyed = [dataclasses.replace(m, idempotency_key=run.key(i)) for i, m in enumerate(msgs)]
+        keyed = run.keyed(msgs)
         to_store, claim = self._claim_keys(topic, keyed, results, waits)
         return to_store, claim, None, keyed
 
@@ -311,7 +307,7 @@ class PutMessageService:
                     continue
                 held = pending.get(key)
                 if held is None and runs_in_flight is not None and (seq := key_sequence(key)) is not None:
-                    held = next((c for c in runs_in_flight if c.holds(*seq)), None)
+                    held = next((c for c in runs_in_flight if c.holds(seq[0], seq[1], seq[1])), None)
                 if held is not None:
                     waits.append((i, held, key))
                     continue
