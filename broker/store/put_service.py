@@ -150,9 +150,9 @@ class PutMessageService:
         of the batch is stored.
 
         `key_run` gives the messages (which then carry no key of their own) the keys of a run:
-        claimed, stored (on the first message only: IDEMPOTENCY_KEY and IDEMPOTENCY_KEY_RUN) and
-        remembered as one; if one of them is stored or in flight already (a retry), each message
-        gets its key and the put goes on as for keys one by one.
+        claimed, stored (on the first message of each log entry only: IDEMPOTENCY_KEY and
+        IDEMPOTENCY_KEY_RUN) and remembered as one; if one of them is stored or in flight already
+        (a retry), each message gets its key and the put goes on as for keys one by one.
 
         `await_dispatch=False` is for a front-end that only answers its client with the results:
         a committed entry's dispatch is then already queued on the loop and runs before anything
