@@ -214,7 +214,10 @@ class AsyncProducer:
         send (the caller's `Message` is not changed). `broker_name` sends to that broker set (e.g.
         to resend after `SendOutcomeUnknownError`). Errors: see `send_batch`, plus
         `ProducerBufferFullError` and `SendTimeoutError` (nothing sent)."""
-        return await (await self.send_async(topic, message, broker_name=broker_name, **kw))
+        fut = None if kw or broker_name is not None else self._enqueue_sticky(topic, message)
+        if fut is None:
+            fut = await self.send_async(topic, message, broker_name=broker_name, **kw)
+        return await fut
 
     async def send_async(
         self,
@@ -367,7 +370,35 @@ class AsyncProducer:
             pinned_queue=pinned_queue is not None,
             pinned_set=broker_name is not None,
         )
-        if self.accumulator.append(topic, set_name, queue, record) and sticky is not None:
+        self._append(topic, set_name, queue, record, sticky is not None)
+
+    def _enqueue_sticky(
+        self, topic: str, message: Message | bytes | str
+    ) -> asyncio.Future[SendResult] | None:
+        """`send`'s path for nearly every message, without a coroutine of its own: a bare text
+        body to the topic's sticky (set, queue), its route cached, room in the buffer at once. The
+        same checks as the general path, in the same order, so it never overtakes a send waiting
+        there (for room, or for a route). None: take the general path (which raises the errors)."""
+        if type(message) is not str or self._closed or self._sender is None:
+            return None
+        sticky = self._sticky.get(topic)
+        route = self.routes.fresh(topic)
+        if sticky is None or sticky[0] is not route or not self.fault.is_available(sticky[1]):
+            return None
+        size = len(message) + RECORD_OVERHEAD_BYTES
+        if not self.pool.try_reserve(size):
+            return None
+        fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        queue = sticky[2]
+        doc: dict[str, Any] = {"body": message} if queue is None else {"body": message, "queueId": queue}
+        record = Record(topic, None, doc, size, fut, time.monotonic() + self.send_timeout_s, False, False)
+        self._append(topic, sticky[1], queue, record, True)
+        return fut
+
+    def _append(self, topic: str, set_name: str, queue: int | None, record: Record, sticky: bool) -> None:
+        """Add `record` to its queue's batch (a full batch moves the topic's sticky queue on) and
+        tell the sender, starting it with the first record."""
+        if self.accumulator.append(topic, set_name, queue, record) and sticky:
             self._sticky.pop(topic, None)
         if self._sender is None:
             self._sender = Sender(
