@@ -349,9 +349,8 @@ class AsyncProducer:
         elif broker_name is not None or pinned_queue is not None:
             target, queue = self._target(route, topic, pinned_queue, broker_name)
         else:
-            sticky = self._sticky.get(topic)
-            # Kept while the route is the one it was chosen from and its set is not avoided.
-            if sticky is None or sticky[0] is not route or not self.fault.is_available(sticky[1]):
+            sticky = self._kept_sticky(topic, route)
+            if sticky is None:
                 b, q = self._select(route.brokers, 0, topic)
                 sticky = self._sticky[topic] = (route, b.broker_name, q)
             target, queue = None, sticky[2]
@@ -376,24 +375,34 @@ class AsyncProducer:
         self, topic: str, message: Message | bytes | str
     ) -> asyncio.Future[SendResult] | None:
         """`send`'s path for nearly every message, without a coroutine of its own: a bare text
-        body to the topic's sticky (set, queue), its route cached, room in the buffer at once. The
-        same checks as the general path, in the same order, so it never overtakes a send waiting
-        there (for room, or for a route). None: take the general path (which raises the errors)."""
+        body to the topic's kept sticky (set, queue), its route cached, room in the buffer at once.
+        The general path's checks (room without waiting, which a send waiting for room never gets
+        past; a cached route, which a send waiting for one lacks), so it never overtakes a send
+        waiting there. None: take the general path (which raises the errors)."""
         if type(message) is not str or self._closed or self._sender is None:
             return None
-        sticky = self._sticky.get(topic)
         route = self.routes.fresh(topic)
-        if sticky is None or sticky[0] is not route or not self.fault.is_available(sticky[1]):
+        sticky = self._kept_sticky(topic, route) if route is not None else None
+        if sticky is None:
             return None
-        size = len(message) + RECORD_OVERHEAD_BYTES
+        _, doc, size = self._prepare(message, {})
         if not self.pool.try_reserve(size):
             return None
         fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
         queue = sticky[2]
-        doc: dict[str, Any] = {"body": message} if queue is None else {"body": message, "queueId": queue}
+        if queue is not None:
+            doc["queueId"] = queue
         record = Record(topic, None, doc, size, fut, time.monotonic() + self.send_timeout_s, False, False)
         self._append(topic, sticky[1], queue, record, True)
         return fut
+
+    def _kept_sticky(self, topic: str, route: TopicRoute) -> tuple[TopicRoute, str, int | None] | None:
+        """The topic's sticky (route, set, queue), kept while `route` is the one it was chosen
+        from and its set is not avoided; None when a new one must be chosen."""
+        sticky = self._sticky.get(topic)
+        if sticky is None or sticky[0] is not route or not self.fault.is_available(sticky[1]):
+            return None
+        return sticky
 
     def _append(self, topic: str, set_name: str, queue: int | None, record: Record, sticky: bool) -> None:
         """Add `record` to its queue's batch (a full batch moves the topic's sticky queue on) and
