@@ -25,6 +25,7 @@ from client.errors import (
     TopicNotExistError,
 )
 from client.fault import LatencyFaultTolerance
+from client.http import KEEP_LATE_ANSWER, HttpResponse, LateAnswer
 from client.loop import BackgroundLoop, LightFuture, close_at_exit, closed, construct
 from client.prefetch import PullIterator, SyncPullIterator
 from client.received import PULL_BINARY_CONTENT_TYPE, PullResult, ReceivedMessage, decode_binary_page
@@ -397,6 +398,8 @@ class AsyncSimpleConsumer(_RouteUser):
         self._ack_timer: asyncio.TimerHandle | None = None
         self._ack_tasks: set[asyncio.Task[None]] = set()
         self._side: set[asyncio.Task[Any]] = set()
+        # Receives sent ahead, cancelled on the wire, whose answers are still awaited: (the set, timer).
+        self._late: dict[LateAnswer, tuple[str, asyncio.TimerHandle]] = {}
         self._closed = False
         self._guard: AsyncGenerator[None, None] | None = None  # `_until_loop_end`, from the first receive
 
@@ -453,7 +456,32 @@ class AsyncSimpleConsumer(_RouteUser):
                 self._ahead = asyncio.get_running_loop().create_task(ahead)
 
     async def _receive_into_buffer(self, max_messages: int, wait_ms: int, invisible_ms: int) -> None:
-        self._keep(await self._receive_now(max_messages, wait_ms, invisible_ms))
+        self._keep(await self._receive_now(max_messages, wait_ms, invisible_ms, ahead=True))
+
+    def _late_answer(self, broker_name: str, late: LateAnswer) -> None:
+        """A receive sent ahead was cancelled on the wire (`close`, the event loop's end, a master
+        move): the broker may already have handed it messages. Its answer is still read for up to
+        `HANG_UP_AFTER_S` from the request, and what it brings given back (visible again at once);
+        after that it is hung up on, and the broker hands a receive whose client is gone nothing."""
+        loop = asyncio.get_running_loop()
+        timer = loop.call_at(late.sent_at + HANG_UP_AFTER_S, late.abort)
+        self._late[late] = (broker_name, timer)
+        late.answer.add_done_callback(functools.partial(self._late_answered, late))
+
+    def _late_answered(self, late: LateAnswer, answer: asyncio.Future[HttpResponse]) -> None:
+        broker_name, timer = self._late.pop(late)
+        timer.cancel()
+        if answer.cancelled() or answer.exception() is not None:
+            return  # hung up on: nothing was handed out
+        try:
+            doc = decode_answer(answer.result(), "a receive cut off on the wire")
+        except LedgerMQError as exc:
+            log.debug("a receive cut off on the wire answered %s", exc)
+            return
+        msgs = [ReceivedMessage.from_json(m, broker_name) for m in doc["messages"]]
+        if msgs:
+            log.info("giving back %d messages a receive cut off on the wire brought", len(msgs))
+            self._side_task(self._release(msgs))
 
     def _fetch_size(self, max_messages: int, invisible_ms: int) -> int:
         """What a receive asks for: what the caller took in the last third of the invisible time,
@@ -514,6 +542,8 @@ class AsyncSimpleConsumer(_RouteUser):
                 log.warning("a receive sent ahead failed: %s", exc)
             elif exc is not None:
                 raise exc
+        if self._late:  # each is answered, or hung up on, within HANG_UP_AFTER_S of its request
+            await asyncio.wait([late.answer for late in self._late], timeout=HANG_UP_AFTER_S + 1.0)
         held: list[ReceivedMessage] = []
         while self._buffer:  # pop by pop: a caller thread may be taking from it (`take_ahead`)
             held.append(self._buffer.popleft()[1])
@@ -525,7 +555,11 @@ class AsyncSimpleConsumer(_RouteUser):
         self._side.add(task)
         task.add_done_callback(self._side.discard)
 
-    async def _receive_now(self, max_messages: int, wait_ms: int, invisible_ms: int) -> list[ReceivedMessage]:
+    async def _receive_now(
+        self, max_messages: int, wait_ms: int, invisible_ms: int, ahead: bool = False
+    ) -> list[ReceivedMessage]:
+        """One receive from the next set that can serve. `ahead`: a receive sent ahead, run in a
+        task of its own (whose context `KEEP_LATE_ANSWER` is set in): see `_late_answer`."""
         route = await self.routes.get(self.topic)
         brokers = [b for b in route.brokers if b.perm & PERM_READ]  # RocketMQ's consumers: readable sets
         if not brokers:
@@ -544,6 +578,8 @@ class AsyncSimpleConsumer(_RouteUser):
         ordered.sort(key=lambda b: b.broker_name not in ok)  # stable: avoided sets last
         last: LedgerMQError | None = None
         for broker in ordered:
+            if ahead:
+                KEEP_LATE_ANSWER.set(functools.partial(self._late_answer, broker.broker_name))
             try:
                 doc = await self._write(self.topic, broker, f"/consumers/{seg(self.group)}/receive", body)
             except (BrokerUnreachableError, NotMasterError) as exc:

@@ -25,7 +25,9 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import urlencode, urlsplit
 
 import httptools
@@ -61,6 +63,22 @@ class HttpResponse:
         return self.headers.get("content-type", "")
 
 
+class LateAnswer(NamedTuple):
+    """The answer still on its way to a request whose caller was cancelled (`KEEP_LATE_ANSWER`)."""
+
+    answer: asyncio.Future[HttpResponse]
+    sent_at: float  # the loop's time when the request was written
+    abort: Callable[[], None]  # hang up instead of waiting for it
+
+
+# Set (in its own task's context) by a caller that wants the answer of a request cancelled on the
+# wire — a receive that may already hold messages for it: the connection is then not aborted but
+# kept, out of the pool, until that answer, and handed over as a `LateAnswer`.
+KEEP_LATE_ANSWER: ContextVar[Callable[[LateAnswer], None] | None] = ContextVar(
+    "keep_late_answer", default=None
+)
+
+
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection; one request at a time."""
 
@@ -75,6 +93,7 @@ class _Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._header_name = b""
         self._complete = False
+        self.late = False  # carries a cancelled request's answer: never reused, closed after it
 
     # ---- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -117,6 +136,9 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             status = self.parser.get_status_code()
             waiter.set_result(HttpResponse(status, self._headers, b"".join(self._body)))
+        if self.late and self.transport is not None:
+            self.closed = True
+            self.transport.close()
 
     # ---- use -----------------------------------------------------------------------------------
     def _fail(self, exc: HttpTransportError) -> None:
@@ -140,13 +162,16 @@ class _Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[HttpResponse] = loop.create_future()
         self._waiter = waiter
+        keep = KEEP_LATE_ANSWER.get()
+        sent_at = loop.time()
         if isinstance(data, list):
             self.transport.writelines(data)
         else:
             self.transport.write(data)
         try:
             async with asyncio.timeout(timeout_s):
-                return await waiter
+                # Shielded when a late answer is wanted: cancelling the caller must not cancel it.
+                return await (waiter if keep is None else asyncio.shield(waiter))
         except TimeoutError:
             self._waiter = None
             phase = RequestPhase.SEND if self.transport.get_write_buffer_size() else RequestPhase.AWAIT
@@ -155,9 +180,21 @@ class _Connection(asyncio.Protocol):
                 f"no answer from {self.origin.name} within {timeout_s:g} s", phase
             ) from None
         except asyncio.CancelledError:
+            if keep is not None and not self.closed:
+                if not waiter.done():
+                    self.late = True  # out of the pool (`_Origin.release`) until its answer
+                waiter.add_done_callback(_retrieved)
+                keep(LateAnswer(waiter, sent_at, self.abort))
+                raise
             self._waiter = None
             self.abort()  # the answer would land on the next request of this connection
             raise
+
+
+def _retrieved(fut: asyncio.Future[HttpResponse]) -> None:
+    """Mark a late answer's failure seen (a hang-up is the expected end of one nobody waited for)."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 class _Origin:
@@ -221,6 +258,10 @@ class _Origin:
         return conn
 
     def release(self, conn: _Connection) -> None:
+        if conn.late:  # its own until a cancelled request's answer, then closed (or hung up on)
+            self.open -= 1
+            self._wake()
+            return
         if conn.closed:
             self._drop(conn)
         else:

@@ -174,6 +174,59 @@ def test_an_async_simple_consumer_never_closed_sends_its_acks_and_gives_back_wha
     assert sorted(rest) == sorted(f"s{i}" for i in range(10, 100))
 
 
+@pytest.mark.parametrize("turns", [1, 3])
+def test_a_receive_ahead_on_the_wire_when_the_loop_ends_gives_back_what_the_broker_handed_it(single, turns):
+    # asyncio.run cancels the receive sent ahead a few loop turns after it left: the broker has
+    # handed it the next messages by then. Its answer is still read, and they are given back.
+    _, ns, broker = single
+    topic = f"exit-wire{turns}"
+    one_queue_topic(broker, ns, topic, [f"w{i}" for i in range(100)])
+    done = run_script(
+        f"""
+        import asyncio
+        from client import AsyncSimpleConsumer
+        async def main():
+            c = AsyncSimpleConsumer("{topic}-g", "{topic}", NS, receive_ahead=True)
+            got = await c.receive(max_messages=10, wait_ms=5000, invisible_ms=60000)
+            for m in got:
+                c.ack_async(m)
+            for _ in range({turns}):
+                await asyncio.sleep(0)
+        asyncio.run(main())
+        """,
+        ns,
+    )
+    assert "event=simple_consumer_closed_at_loop_end" in done.stderr
+    assert offsets(broker, f"{topic}-g", topic)[0] == 10
+    # Visible again at once, not after the 60 s.
+    assert sorted(receive_within(ns, f"{topic}-g", topic, 90, 20)) == sorted(f"w{i}" for i in range(10, 100))
+
+
+def test_a_receive_ahead_long_polling_when_the_loop_ends_is_hung_up_on_and_takes_nothing(single):
+    _, ns, broker = single
+    one_queue_topic(broker, ns, "exit-poll", [f"p{i}" for i in range(10)])
+    started = time.monotonic()
+    run_script(
+        """
+        import asyncio
+        from client import AsyncSimpleConsumer
+        async def main():
+            c = AsyncSimpleConsumer("exit-poll-g", "exit-poll", NS, receive_ahead=True)
+            got = await c.receive(max_messages=10, wait_ms=20000, invisible_ms=60000)
+            for m in got:
+                c.ack_async(m)
+            await asyncio.sleep(0.2)  # the receive ahead long-polls the drained queue
+        asyncio.run(main())
+        """,
+        ns,
+    )
+    assert time.monotonic() - started < 10  # hung up on, not waited for up to its 20 s
+    with Producer(ns) as p:
+        p.send_batch("exit-poll", [f"q{i}" for i in range(5)])
+    # The broker handed the hung-up receive nothing: the new messages are not invisible for 60 s.
+    assert sorted(receive_within(ns, "exit-poll-g", "exit-poll", 5, 10)) == [f"q{i}" for i in range(5)]
+
+
 def test_an_unclosed_pull_consumer_commits_up_to_the_message_in_hand_not_past_it(single):
     _, ns, broker = single
     one_queue_topic(broker, ns, "exit-pull", [f"p{i}" for i in range(50)])

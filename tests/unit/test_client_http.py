@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from client.http import HttpClient, HttpTransportError
+from client.http import KEEP_LATE_ANSWER, HttpClient, HttpTransportError, LateAnswer
 from client.outcome import RequestPhase
 from tests.ports import free_port
 
@@ -144,3 +144,55 @@ async def test_failures_name_their_phase():
         assert info.value.phase is RequestPhase.AWAIT
     finally:
         await c.aclose()
+
+
+async def test_a_cancelled_request_whose_caller_keeps_late_answers_is_read_to_its_end_then_closed():
+    srv = Server(lambda p: ok(b'{"late": true}'), delay_s=0.2)
+    async with srv as url:
+        c = HttpClient()
+        kept: list[LateAnswer] = []
+
+        async def keeping() -> None:
+            KEEP_LATE_ANSWER.set(kept.append)  # this task's context only
+            await c.request("POST", f"{url}/receive", body=b"{}")
+
+        try:
+            task = asyncio.ensure_future(keeping())
+            await asyncio.sleep(0.05)  # written, not answered yet
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert len(kept) == 1
+            resp = await asyncio.wait_for(kept[0].answer, 2)  # the answer still arrives
+            assert resp.status == 200 and resp.body == b'{"late": true}'
+            # That connection carried only the late answer; the next request opens another.
+            assert (await c.request("GET", f"{url}/next")).status == 200
+            assert srv.connections == 2
+            assert KEEP_LATE_ANSWER.get() is None
+        finally:
+            await c.aclose()
+
+
+async def test_a_cancelled_request_is_hung_up_on_unless_its_caller_keeps_late_answers():
+    srv = Server(lambda p: ok(), delay_s=5.0)
+    async with srv as url:
+        c = HttpClient()
+        kept: list[LateAnswer] = []
+
+        async def keeping() -> None:
+            KEEP_LATE_ANSWER.set(kept.append)
+            await c.request("POST", f"{url}/receive", body=b"{}")
+
+        try:
+            plain = asyncio.ensure_future(c.request("POST", f"{url}/receive", body=b"{}"))
+            late = asyncio.ensure_future(keeping())
+            await asyncio.sleep(0.05)
+            plain.cancel()
+            late.cancel()
+            await asyncio.gather(plain, late, return_exceptions=True)
+            assert len(kept) == 1 and not kept[0].answer.done()
+            kept[0].abort()  # the caller gives up on it: the answer ends as a transport failure
+            with pytest.raises(HttpTransportError):
+                await asyncio.wait_for(kept[0].answer, 2)
+        finally:
+            await c.aclose()
