@@ -25,7 +25,7 @@ from client.errors import (
     TopicNotExistError,
 )
 from client.fault import LatencyFaultTolerance
-from client.http import KEEP_LATE_ANSWER, HttpResponse, LateAnswer
+from client.http import HttpResponse, LateAnswer
 from client.loop import BackgroundLoop, LightFuture, close_at_exit, closed, construct
 from client.prefetch import PullIterator, SyncPullIterator
 from client.received import PULL_BINARY_CONTENT_TYPE, PullResult, ReceivedMessage, decode_binary_page
@@ -141,7 +141,13 @@ class _RouteUser:
         raise last or BrokerUnreachableError(f"no address for broker set {broker.broker_name}")
 
     async def _write(
-        self, topic: str, broker: BrokerSetRoute, path: str, body: dict[str, Any], method: str = "POST"
+        self,
+        topic: str,
+        broker: BrokerSetRoute,
+        path: str,
+        body: dict[str, Any],
+        method: str = "POST",
+        keep_late: Callable[[LateAnswer], None] | None = None,
     ) -> Any:
         """`body` to the set's master; the cached route is dropped when it is unreachable or no
         longer the master.
@@ -153,13 +159,13 @@ class _RouteUser:
         (waitMs + 10 s) on a master that can no longer serve it. Sending a consumer's write again
         is safe: what a hung-up receive took is visible again after its invisible time (at once
         if the old master ever reads the hang-up), settling a handle twice answers OK, and an
-        offset commit sets the same offsets again."""
+        offset commit sets the same offsets again. `keep_late`: see `client.http.HttpClient.request`."""
         url = broker.write_url()
         while True:
             try:
+                send = self.transport.request(method, url + path, json=body, keep_late=keep_late)
                 answer, moved_to = await self.routes.unless_master_moves(
-                    topic, broker.broker_name, url, self.transport.request(method, url + path, json=body),
-                    MASTER_WATCH_S,
+                    topic, broker.broker_name, url, send, MASTER_WATCH_S
                 )
             except (BrokerUnreachableError, NotMasterError):
                 self.routes.invalidate(topic)
@@ -558,8 +564,8 @@ class AsyncSimpleConsumer(_RouteUser):
     async def _receive_now(
         self, max_messages: int, wait_ms: int, invisible_ms: int, ahead: bool = False
     ) -> list[ReceivedMessage]:
-        """One receive from the next set that can serve. `ahead`: a receive sent ahead, run in a
-        task of its own (whose context `KEEP_LATE_ANSWER` is set in): see `_late_answer`."""
+        """One receive from the next set that can serve. `ahead`: a receive sent ahead, whose
+        answer is still taken when it is cancelled on the wire (`_late_answer`)."""
         route = await self.routes.get(self.topic)
         brokers = [b for b in route.brokers if b.perm & PERM_READ]  # RocketMQ's consumers: readable sets
         if not brokers:
@@ -578,10 +584,11 @@ class AsyncSimpleConsumer(_RouteUser):
         ordered.sort(key=lambda b: b.broker_name not in ok)  # stable: avoided sets last
         last: LedgerMQError | None = None
         for broker in ordered:
-            if ahead:
-                KEEP_LATE_ANSWER.set(functools.partial(self._late_answer, broker.broker_name))
+            keep_late = functools.partial(self._late_answer, broker.broker_name) if ahead else None
             try:
-                doc = await self._write(self.topic, broker, f"/consumers/{seg(self.group)}/receive", body)
+                doc = await self._write(
+                    self.topic, broker, f"/consumers/{seg(self.group)}/receive", body, keep_late=keep_late
+                )
             except (BrokerUnreachableError, NotMasterError) as exc:
                 self.fault.update(broker.broker_name, 0, failed=True)
                 last = exc

@@ -25,7 +25,6 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import NamedTuple
 from urllib.parse import urlencode, urlsplit
@@ -64,19 +63,12 @@ class HttpResponse:
 
 
 class LateAnswer(NamedTuple):
-    """The answer still on its way to a request whose caller was cancelled (`KEEP_LATE_ANSWER`)."""
+    """The answer still on its way to a request whose caller was cancelled, handed to the request's
+    `keep_late` (see `HttpClient.request`)."""
 
     answer: asyncio.Future[HttpResponse]
     sent_at: float  # the loop's time when the request was written
     abort: Callable[[], None]  # hang up instead of waiting for it
-
-
-# Set (in its own task's context) by a caller that wants the answer of a request cancelled on the
-# wire — a receive that may already hold messages for it: the connection is then not aborted but
-# kept, out of the pool, until that answer, and handed over as a `LateAnswer`.
-KEEP_LATE_ANSWER: ContextVar[Callable[[LateAnswer], None] | None] = ContextVar(
-    "keep_late_answer", default=None
-)
 
 
 class _Connection(asyncio.Protocol):
@@ -152,9 +144,14 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    async def request(self, data: bytes | list[bytes], timeout_s: float) -> HttpResponse:
+    async def request(
+        self,
+        data: bytes | list[bytes],
+        timeout_s: float,
+        keep_late: Callable[[LateAnswer], None] | None = None,
+    ) -> HttpResponse:
         """Write one request and wait for its answer (a new parser per request keeps no state
-        from the previous answer)."""
+        from the previous answer); `keep_late`: see `HttpClient.request`."""
         assert self.transport is not None and self._waiter is None
         self._headers = {}
         self._body = []
@@ -162,7 +159,6 @@ class _Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[HttpResponse] = loop.create_future()
         self._waiter = waiter
-        keep = KEEP_LATE_ANSWER.get()
         sent_at = loop.time()
         if isinstance(data, list):
             self.transport.writelines(data)
@@ -171,7 +167,7 @@ class _Connection(asyncio.Protocol):
         try:
             async with asyncio.timeout(timeout_s):
                 # Shielded when a late answer is wanted: cancelling the caller must not cancel it.
-                return await (waiter if keep is None else asyncio.shield(waiter))
+                return await (waiter if keep_late is None else asyncio.shield(waiter))
         except TimeoutError:
             self._waiter = None
             phase = RequestPhase.SEND if self.transport.get_write_buffer_size() else RequestPhase.AWAIT
@@ -180,11 +176,11 @@ class _Connection(asyncio.Protocol):
                 f"no answer from {self.origin.name} within {timeout_s:g} s", phase
             ) from None
         except asyncio.CancelledError:
-            if keep is not None and not self.closed:
+            if keep_late is not None and not self.closed:
                 if not waiter.done():
                     self.late = True  # out of the pool (`_Origin.release`) until its answer
                 waiter.add_done_callback(_retrieved)
-                keep(LateAnswer(waiter, sent_at, self.abort))
+                keep_late(LateAnswer(waiter, sent_at, self.abort))
                 raise
             self._waiter = None
             self.abort()  # the answer would land on the next request of this connection
@@ -333,13 +329,18 @@ class HttpClient:
         params: dict[str, object] | None = None,
         headers: dict[str, str] | None = None,
         timeout_s: float = 10.0,
+        keep_late: Callable[[LateAnswer], None] | None = None,
     ) -> HttpResponse:
+        """The answer. `keep_late`: for a request whose answer may matter even if the caller is
+        cancelled once it is written (a receive the broker may already have handed messages): its
+        connection is then not hung up on but kept, out of the pool, until that answer, handed
+        over as a `LateAnswer` (whose `abort` hangs up)."""
         scheme, netloc, target = _split(url, params)
         origin = self._origin(scheme, netloc)
         data = _encode(method, target, origin.host_header, body, self._extra, headers)
         conn = await origin.acquire(self.connect_timeout_s, timeout_s)
         try:
-            return await conn.request(data, timeout_s)
+            return await conn.request(data, timeout_s, keep_late)
         finally:
             origin.release(conn)
 

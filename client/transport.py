@@ -12,7 +12,7 @@ import platform
 import socket
 import ssl
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
@@ -28,7 +28,7 @@ from client.errors import (
     TopicNotExistError,
     error_from_problem,
 )
-from client.http import BlockingHttpClient, HttpClient, HttpResponse, HttpTransportError, Watch
+from client.http import BlockingHttpClient, HttpClient, HttpResponse, HttpTransportError, LateAnswer, Watch
 from client.outcome import ERROR_FOR_PHASE
 
 log = logging.getLogger(__name__)
@@ -135,8 +135,10 @@ class AsyncTransport:
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
+        keep_late: Callable[[LateAnswer], None] | None = None,
     ) -> HttpResponse:
-        """The raw answer of any status; a failure without an answer raised as its SDK error."""
+        """The raw answer of any status; a failure without an answer raised as its SDK error.
+        `keep_late`: see `HttpClient.request`."""
         try:
             return await self.http.request(
                 method,
@@ -145,6 +147,7 @@ class AsyncTransport:
                 params={k: v for k, v in params.items() if v is not None} if params else None,
                 headers=headers,
                 timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+                keep_late=keep_late,
             )
         except HttpTransportError as exc:
             # By the phase it failed in: unreachable (nothing sent) or outcome unknown.
@@ -160,14 +163,17 @@ class AsyncTransport:
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
+        keep_late: Callable[[LateAnswer], None] | None = None,
     ) -> Any:
         """Decoded JSON (text for another content type, None for an empty answer); an error
-        answer raised as the typed exception of its problem `code`."""
+        answer raised as the typed exception of its problem `code`. `keep_late`: see
+        `HttpClient.request`."""
         if json is not None:
             content = orjson.dumps(json)
             headers = {"Content-Type": "application/json", **(headers or {})}
         resp = await self.send(
-            method, url, body=content or b"", params=params, headers=headers, timeout_s=timeout_s
+            method, url, body=content or b"", params=params, headers=headers, timeout_s=timeout_s,
+            keep_late=keep_late,
         )
         return decode_answer(resp, f"{method} {url}")
 

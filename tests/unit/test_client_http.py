@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from client.http import KEEP_LATE_ANSWER, HttpClient, HttpTransportError, LateAnswer
+from client.http import HttpClient, HttpTransportError, LateAnswer
 from client.outcome import RequestPhase
 from tests.ports import free_port
 
@@ -146,15 +146,14 @@ async def test_failures_name_their_phase():
         await c.aclose()
 
 
-async def test_a_cancelled_request_whose_caller_keeps_late_answers_is_read_to_its_end_then_closed():
+async def test_a_cancelled_request_with_keep_late_is_read_to_its_end_then_its_connection_closed():
     srv = Server(lambda p: ok(b'{"late": true}'), delay_s=0.2)
     async with srv as url:
         c = HttpClient()
         kept: list[LateAnswer] = []
 
         async def keeping() -> None:
-            KEEP_LATE_ANSWER.set(kept.append)  # this task's context only
-            await c.request("POST", f"{url}/receive", body=b"{}")
+            await c.request("POST", f"{url}/receive", body=b"{}", keep_late=kept.append)
 
         try:
             task = asyncio.ensure_future(keeping())
@@ -168,20 +167,18 @@ async def test_a_cancelled_request_whose_caller_keeps_late_answers_is_read_to_it
             # That connection carried only the late answer; the next request opens another.
             assert (await c.request("GET", f"{url}/next")).status == 200
             assert srv.connections == 2
-            assert KEEP_LATE_ANSWER.get() is None
         finally:
             await c.aclose()
 
 
-async def test_a_cancelled_request_is_hung_up_on_unless_its_caller_keeps_late_answers():
+async def test_a_cancelled_request_is_hung_up_on_unless_it_keeps_its_late_answer():
     srv = Server(lambda p: ok(), delay_s=5.0)
     async with srv as url:
         c = HttpClient()
         kept: list[LateAnswer] = []
 
         async def keeping() -> None:
-            KEEP_LATE_ANSWER.set(kept.append)
-            await c.request("POST", f"{url}/receive", body=b"{}")
+            await c.request("POST", f"{url}/receive", body=b"{}", keep_late=kept.append)
 
         try:
             plain = asyncio.ensure_future(c.request("POST", f"{url}/receive", body=b"{}"))
