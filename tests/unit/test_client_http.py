@@ -151,12 +151,8 @@ async def test_a_cancelled_request_with_keep_late_is_read_to_its_end_then_its_co
     async with srv as url:
         c = HttpClient()
         kept: list[LateAnswer] = []
-
-        async def keeping() -> None:
-            await c.request("POST", f"{url}/receive", body=b"{}", keep_late=kept.append)
-
         try:
-            task = asyncio.ensure_future(keeping())
+            task = asyncio.ensure_future(c.request("POST", url + "/receive", keep_late=kept.append))
             await asyncio.sleep(0.05)  # written, not answered yet
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -176,13 +172,9 @@ async def test_a_cancelled_request_is_hung_up_on_unless_it_keeps_its_late_answer
     async with srv as url:
         c = HttpClient()
         kept: list[LateAnswer] = []
-
-        async def keeping() -> None:
-            await c.request("POST", f"{url}/receive", body=b"{}", keep_late=kept.append)
-
         try:
             plain = asyncio.ensure_future(c.request("POST", f"{url}/receive", body=b"{}"))
-            late = asyncio.ensure_future(keeping())
+            late = asyncio.ensure_future(c.request("POST", url + "/receive", keep_late=kept.append))
             await asyncio.sleep(0.05)
             plain.cancel()
             late.cancel()
