@@ -159,7 +159,7 @@ class _Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[HttpResponse] = loop.create_future()
         self._waiter = waiter
-        sent_at = loop.time()
+        sent_at = loop.time() if keep_late is not None else 0.0  # only a late answer's bound reads it
         if isinstance(data, list):
             self.transport.writelines(data)
         else:

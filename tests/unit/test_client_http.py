@@ -152,7 +152,7 @@ async def test_a_cancelled_request_with_keep_late_is_read_to_its_end_then_its_co
         c = HttpClient()
         kept: list[LateAnswer] = []
         try:
-            task = asyncio.ensure_future(c.request("POST", url + "/receive", keep_late=kept.append))
+            task = asyncio.ensure_future(c.request("POST", f"{url}/receive", keep_late=kept.append))
             await asyncio.sleep(0.05)  # written, not answered yet
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -174,7 +174,7 @@ async def test_a_cancelled_request_is_hung_up_on_unless_it_keeps_its_late_answer
         kept: list[LateAnswer] = []
         try:
             plain = asyncio.ensure_future(c.request("POST", f"{url}/receive", body=b"{}"))
-            late = asyncio.ensure_future(c.request("POST", url + "/receive", keep_late=kept.append))
+            late = asyncio.ensure_future(c.request("POST", f"{url}/receive", keep_late=kept.append))
             await asyncio.sleep(0.05)
             plain.cancel()
             late.cancel()
