@@ -36,7 +36,7 @@ from broker.grpc.forward import Forwarder
 from broker.grpc.protocol import Code, pb, spb, spb_grpc
 from broker.grpc.renewal import AUTO_RENEW_INVISIBLE_MS, InvisibilityRenewer
 from broker.grpc.route import RouteResolver, accept_types, assignments, message_queues
-from broker.grpc.settings import identity, settings_reply, subscribed_topics
+from broker.grpc.settings import identity, lite_refusal, settings_reply, subscribed_topics
 from broker.grpc.status import OK, error_status, status
 from broker.message_type import TopicMessageType, topic_message_type
 from broker.service import BrokerServices
@@ -218,6 +218,9 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
             return spb.HeartbeatResponse(
                 status=status(Code.UNRECOGNIZED_CLIENT_TYPE, f"unknown client type {request.client_type}")
             )
+        refusal = lite_refusal(request.client_type)
+        if refusal is not None:
+            return spb.HeartbeatResponse(status=status(Code.UNSUPPORTED, refusal))
         self._report(client_id, context)
         return spb.HeartbeatResponse(status=OK)
 
@@ -269,6 +272,16 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
                 if cmd.WhichOneof("command") != "settings":
                     continue  # results of server commands: a check is answered by EndTransaction
                 t0 = time.perf_counter()
+                refusal = lite_refusal(cmd.settings.client_type)
+                if refusal is not None:
+                    log.warning(
+                        "event=grpc_lite_consumer_refused client=%s group=%s",
+                        client_id,
+                        cmd.settings.subscription.group.name,
+                    )
+                    self._count("Telemetry", "UNSUPPORTED", t0)
+                    out.put_nowait(spb.TelemetryCommand(status=status(Code.UNSUPPORTED, refusal)))
+                    continue
                 try:
                     reply = self._settings(cmd.settings)
                 except BrokerError as exc:
@@ -523,7 +536,11 @@ class MessagingServicer(spb_grpc.MessagingServiceServicer):
         return spb.RecallMessageResponse(status=OK, message_id=message_id)
 
     async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
-        await self._unimplemented(context, "SyncLiteSubscription", "lite topics are not supported")
+        await self._unimplemented(
+            context,
+            "SyncLiteSubscription",
+            "lite topics are not supported; consume the topic with a PushConsumer or a SimpleConsumer",
+        )
 
     async def PullMessage(self, request: Any, context: Any) -> Any:
         await self._unimplemented(context, "PullMessage", "pull by offset is served over HTTP")

@@ -32,6 +32,19 @@ RECEIVE_BATCH_SIZE = 32
 DEFAULT_LONG_POLLING_MS = 20_000
 
 _CONSUMERS = (pb.PUSH_CONSUMER, pb.SIMPLE_CONSUMER, pb.PULL_CONSUMER)
+_LITE_CONSUMERS = (pb.LITE_PUSH_CONSUMER, pb.LITE_SIMPLE_CONSUMER)
+
+
+def lite_refusal(client_type: int) -> str | None:
+    """Why a lite consumer (LitePushConsumer, LiteSimpleConsumer) is refused, else None.
+    LedgerMQ serves no lite topics; said in the Heartbeat and Telemetry status because the
+    Python client otherwise only reports a lite subscription quota of 0."""
+    if client_type not in _LITE_CONSUMERS:
+        return None
+    return (
+        f"{pb.ClientType.Name(client_type)}: lite topics are not supported by LedgerMQ; "
+        "consume the topic with a PushConsumer or a SimpleConsumer"
+    )
 
 
 def _backoff(max_attempts: int, initial_ms: int, max_ms: int) -> pb.RetryPolicy:

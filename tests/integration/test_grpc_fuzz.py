@@ -322,3 +322,36 @@ def test_signature_required_with_acl(tmp_path: Path) -> None:
                 assert stub.SendMessage(req, metadata=meta, timeout=10).status.code == code
             queues = httpx.get(f"http://{http}/topics/acl-t", headers=admin, timeout=10).json()["queues"]
             assert sum(q["maxOffset"] for q in queues) == 1
+
+
+@pytest.mark.parametrize("client_type", [pb.LITE_PUSH_CONSUMER, pb.LITE_SIMPLE_CONSUMER])
+def test_lite_consumers_are_told_lite_topics_are_not_served(endpoint, client_type) -> None:
+    """The official lite consumers (Python 5.1.2) otherwise fail only with "Lite subscription
+    exceed quota: 0": Heartbeat and Telemetry say why, SyncLiteSubscription too."""
+    _, stub, _ = endpoint
+    beat = stub.Heartbeat(
+        spb.HeartbeatRequest(client_type=client_type, group=pb.Resource(name=GROUP)),
+        metadata=META,
+        timeout=10,
+    )
+    assert beat.status.code == Code.UNSUPPORTED and "lite topics are not supported" in beat.status.message
+    settings_cmd = spb.TelemetryCommand(
+        settings=pb.Settings(
+            client_type=client_type,
+            subscription=pb.Subscription(
+                group=pb.Resource(name=GROUP),
+                subscriptions=[pb.SubscriptionEntry(topic=pb.Resource(name=TOPIC))],
+            ),
+        )
+    )
+    replies = list(stub.Telemetry(iter([settings_cmd]), metadata=META, timeout=10))
+    assert [r.status.code for r in replies] == [Code.UNSUPPORTED]
+    assert not replies[0].HasField("settings")
+    assert "PushConsumer or a SimpleConsumer" in replies[0].status.message
+    with pytest.raises(grpc.RpcError) as err:
+        stub.SyncLiteSubscription(
+            spb.SyncLiteSubscriptionRequest(topic=pb.Resource(name=TOPIC), group=pb.Resource(name=GROUP)),
+            metadata=META,
+            timeout=10,
+        )
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED and "lite topics" in err.value.details()
