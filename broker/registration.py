@@ -1,6 +1,9 @@
 """`BrokerRegistrar`: registers a broker with every name server in `namesrvAddr`, every 30 s
 (RocketMQ's registerNameServerPeriod) and at once when `kick()` is called — on a role change or a
-topic change — so routes follow a failover without waiting for the next heartbeat."""
+topic change — so routes follow a failover without waiting for the next heartbeat. A beat that
+did not reach every name server is tried again after 1 s, 2 s, 4 s … (at most the period): a
+member cut off during a failover (whose entry the new master's replaced) is back in the cluster
+view seconds after the network heals, not up to a whole period later."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from wire.regauth import load_secrets, sign
 log = logging.getLogger(__name__)
 
 REGISTER_INTERVAL_S = 30.0
+RETRY_FIRST_S = 1.0
 
 
 class BrokerRegistrar:
@@ -75,42 +79,50 @@ class BrokerRegistrar:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="namesrv-registration")
 
     async def _run(self) -> None:
+        retry_s = RETRY_FIRST_S
         while True:
             self._kick.clear()
-            await self.register_all()
+            if await self.register_all():
+                wait_s, retry_s = self.interval_s, RETRY_FIRST_S
+            else:
+                wait_s, retry_s = min(retry_s, self.interval_s), min(retry_s * 2, self.interval_s)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.interval_s)
+                await asyncio.wait_for(self._kick.wait(), wait_s)
 
-    async def register_all(self) -> None:
+    async def register_all(self) -> bool:
+        """Register with every name server; whether each one could be reached (a refusal, such as
+        a bad signature, counts as reached: trying again sooner would not change it)."""
         body = orjson.dumps(self.payload())
-        await asyncio.gather(*(self._register(url, body) for url in self.namesrv_urls))
+        return all(await asyncio.gather(*(self._register(url, body) for url in self.namesrv_urls)))
 
-    async def _register(self, url: str, body: bytes) -> None:
+    async def _register(self, url: str, body: bytes) -> bool:
         assert self._client is not None
-        for attempt in (1, 2):
+        retries = 1
+        while True:
             try:
                 r = await self._client.post(
                     f"{url}/brokers/register", content=body, headers=self._headers("/brokers/register", body)
                 )
             except httpx.TransportError as exc:
-                if attempt == 1:
+                if retries:
+                    retries -= 1
                     # A kept-alive connection the name server closed as idle fails on reuse (a
                     # ReadError): a role change must not wait a whole period for the next beat.
                     # Once more, on a fresh connection.
                     continue
-                # A name server being down is normal (they are independent); the next beat retries.
+                # A name server being down is normal (they are independent); tried again soon.
                 log.warning("event=register_failed namesrv=%s error=%r", url, exc)
-                return
+                return False
             except httpx.HTTPError as exc:
                 log.warning("event=register_failed namesrv=%s error=%r", url, exc)
-                return
+                return False
             if r.status_code != 200:
                 log.warning(
                     "event=register_refused namesrv=%s status=%d body=%s", url, r.status_code, r.text[:200]
                 )
             else:
                 self.registrations += 1
-            return
+            return True
 
     def _headers(self, path: str, body: bytes) -> dict[str, str]:
         headers = {"content-type": "application/json"}

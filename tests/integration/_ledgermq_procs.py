@@ -122,8 +122,8 @@ def wait_http(
 
 
 def start_namesrv(group: ProcessGroup, workdir: Path, name: str = "namesrv", **overrides: str) -> str:
-    """A name server from conf/namesrv.conf on a free port; returns its `host:port`."""
-    port = free_port()
+    """A name server from conf/namesrv.conf on a free port (or `listenPort`); returns its `host:port`."""
+    port = int(overrides.pop("listenPort", 0)) or free_port()
     conf = write_conf(CONF / "namesrv.conf", workdir / f"{name}.conf", {"listenPort": str(port), **overrides})
     proc = group.start(name, "namesrv", "-c", str(conf))
     wait_http(f"http://127.0.0.1:{port}/health", proc=proc)

@@ -10,11 +10,20 @@ import signal
 import threading
 import time
 
+import httpx
 import pytest
 
 from client import ConsumeResult, Producer, PushConsumer
-from tests.integration._ledgermq_procs import ProcessGroup, start_dledger_set, start_namesrv, wait_master
+from tests.integration._ledgermq_procs import (
+    CONF,
+    ProcessGroup,
+    start_broker,
+    start_dledger_set,
+    start_namesrv,
+    wait_master,
+)
 from tests.integration.test_batching_producer import create, read_queue
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -52,5 +61,32 @@ def test_with_the_name_server_gone_clients_follow_a_new_master_through_the_sets_
             assert set(sent) <= set(pushed), f"the push consumer missed {len(set(sent) - set(pushed))} of 50"
         stored = [m["body"] for q in (0, 1) for m in read_queue(addrs[new], "orphan", q)]
         assert sorted(stored) == sorted(["before", *sent])
+    finally:
+        group.stop_all()
+
+
+def test_a_broker_registers_within_seconds_once_its_name_server_is_reachable(tmp_path):
+    """A beat that reached no name server is tried again after 1, 2, 4 … s instead of a whole
+    registerNameServerPeriod (30 s) later: a member cut off during a failover (its entry replaced
+    by the new master's) is back in the cluster view soon after the network heals."""
+    group = ProcessGroup(tmp_path)
+    try:
+        ns = f"127.0.0.1:{free_port()}"
+        start_broker(group, tmp_path, CONF / "broker-single.conf", "lone", ns)
+        deadline = time.monotonic() + 10
+        while "event=register_failed" not in group.log_text("lone") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "event=register_failed" in group.log_text("lone")
+        time.sleep(1.5)  # a few failed beats: the retry has backed off to a few seconds
+        start_namesrv(group, tmp_path, listenPort=ns.rsplit(":", 1)[1])
+        up = time.monotonic()
+        brokers: dict = {}
+        while time.monotonic() - up < 20:
+            brokers = httpx.get(f"http://{ns}/cluster", timeout=5).json()["brokers"]
+            if brokers:
+                break
+            time.sleep(0.1)
+        assert brokers, "the broker did not register within 20 s of its name server coming up"
+        assert time.monotonic() - up < 10, f"registered only {time.monotonic() - up:.1f} s after"
     finally:
         group.stop_all()
