@@ -59,11 +59,13 @@ class ProcessGroup:
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, module: str, *args: str) -> subprocess.Popen:
+    def start(self, name: str, module: str, *args: str, wrap: tuple[str, ...] = ()) -> subprocess.Popen:
+        """`python -m module args`, behind `wrap` (e.g. `ip netns exec NS`, which execs it: the
+        PID is still the module's)."""
         log = open(self.log_dir / f"{name}.log", "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         proc = subprocess.Popen(
-            [PY, "-m", module, *args],
+            [*wrap, PY, "-m", module, *args],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,
