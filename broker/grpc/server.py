@@ -142,6 +142,12 @@ class GrpcFrontEnd:
                 # grpc sets SO_REUSEPORT by default: a second broker on the same port would share
                 # it silently instead of failing to start.
                 ("grpc.so_reuseport", 0),
+                # The HTTP listener's bounds (listener.config) on this port too: a connection that
+                # has not finished its HTTP/2 handshake in requestHeaderTimeoutMs is closed (grpc's
+                # own default is 120 s), and at most maxConnections are open, so idle or slow
+                # sockets cannot take the descriptors replication and the HTTP API need.
+                ("grpc.server_handshake_timeout_ms", cfg.listener.request_header_timeout_ms),
+                ("grpc.max_allowed_incoming_connections", cfg.listener.max_connections),
             ],
         )
         generated = _Registrations()

@@ -8,7 +8,9 @@ while a client on 127.0.0.1 keeps producing and consuming.
   closed at `requestHeaderTimeoutMs`; one that trickles its body is cut at `requestBodyTimeoutMs` +
   Content-Length / `requestBodyMinBytesPerSec` — never before;
 - every produce and pull of the client meanwhile succeeds; once the slow ones are gone the
-  address that held them is admitted again.
+  address that held them is admitted again;
+- the gRPC port keeps the same bounds: a connection that has not finished its HTTP/2 handshake is
+  closed at `requestHeaderTimeoutMs`, and connections over `maxConnections` are closed at once.
 
 Latency under this load is a bench figure (bench/slow_clients_bench.py), not asserted here."""
 
@@ -19,10 +21,13 @@ import socket
 import threading
 import time
 
+import grpc
 import httpx
 import pytest
 
+from broker.grpc.protocol import Code, pb, spb, spb_grpc
 from tests.integration._ledgermq_procs import CONF, ProcessGroup, start_broker
+from tests.ports import free_port
 
 HEADER_TIMEOUT_S = 3.0
 BODY_TIMEOUT_S = 3.0
@@ -37,6 +42,7 @@ SLACK_S = 2.5  # a loaded 2-core machine: a timer may fire late, never early
 def broker(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("slow-clients")
     group = ProcessGroup(workdir)
+    grpc_port = free_port()
     try:
         addr = start_broker(
             group,
@@ -50,8 +56,9 @@ def broker(tmp_path_factory):
             maxConnections=str(MAX_CONNECTIONS),
             maxConnectionsPerIp=str(MAX_PER_IP),
             serverChannelMaxIdleTimeSeconds="2",
+            grpcServerPort=str(grpc_port),
         )
-        yield group, addr
+        yield group, addr, f"127.0.0.1:{grpc_port}"
     finally:
         group.stop_all()
 
@@ -131,7 +138,7 @@ def _watch_closes(socks: dict[socket.socket, float]) -> dict[socket.socket, tupl
 
 
 def test_slow_and_partial_connections_over_the_caps_are_refused_or_cut_in_time(broker):
-    group, addr = broker
+    group, addr, _ = broker
     client = Client(addr)
     client.start()
     attack: list[socket.socket] = []
@@ -222,3 +229,33 @@ def test_slow_and_partial_connections_over_the_caps_are_refused_or_cut_in_time(b
     log = group.log_text("slow")
     assert "reason=maxConnectionsPerIp " in log and "reason=maxConnections " in log
     assert "event=request_read_timeout" in log
+
+
+def test_grpc_port_cuts_unfinished_handshakes_and_refuses_connections_over_the_cap(broker):
+    _, _, grpc_addr = broker
+    # Half an HTTP/2 preface each, never finished: held until requestHeaderTimeoutMs.
+    partial: dict[socket.socket, float] = {}
+    for _ in range(MAX_CONNECTIONS):
+        s = _connect(grpc_addr, "127.0.0.3")
+        s.sendall(b"PRI * HTTP/2.0\r\n")
+        partial[s] = time.monotonic()
+    time.sleep(0.5)  # every one accepted before the next: these are over the cap
+    over = {_connect(grpc_addr, "127.0.0.4"): time.monotonic() for _ in range(5)}
+    try:
+        closed_over = _watch_closes(over)
+        closed_partial = _watch_closes(partial)
+        assert len(closed_over) == 5 and all(t < SLACK_S for t, _ in closed_over.values()), closed_over
+        assert len(closed_partial) == MAX_CONNECTIONS, f"{MAX_CONNECTIONS - len(closed_partial)} never closed"
+        times = sorted(t for t, _ in closed_partial.values())
+        assert times[0] >= HEADER_TIMEOUT_S - 1.0, f"closed after {times[0]:.2f} s"
+        assert times[-1] <= HEADER_TIMEOUT_S + SLACK_S + 0.5, f"closed after {times[-1]:.2f} s"
+        with grpc.insecure_channel(grpc_addr) as channel:  # the port serves again once they are gone
+            reply = spb_grpc.MessagingServiceStub(channel).Heartbeat(
+                spb.HeartbeatRequest(client_type=pb.PRODUCER),
+                metadata=(("x-mq-client-id", "slow@1"),),
+                timeout=10,
+            )
+        assert reply.status.code == Code.OK
+    finally:
+        for s in [*partial, *over]:
+            s.close()
