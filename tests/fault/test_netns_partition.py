@@ -196,7 +196,9 @@ def test_master_cut_off_by_iptables_loses_no_acked_send(tmp_path: Path, hosts: H
             worker.join(30)
             view = _cluster(namesrv)
             assert len(view) == 3, f"{tag}: the healed member never re-registered: {view}"
-            assert back_s < 10, f"{tag}: the healed member was back in the cluster view after {back_s:.1f} s"
+            # ~1 s measured; a beat in flight at the heal may still spend its 2 x 3 s connect
+            # timeouts first. Without the retries it was a whole registerNameServerPeriod (30 s).
+            assert back_s < 15, f"{tag}: the healed member was back in the cluster view after {back_s:.1f} s"
             stored = [b for b in _read_all(namesrv, "part") if b.startswith(f"{tag}-")]
             lost = {b for _, b in acked} - set(stored)
             assert not lost, f"{tag}: {len(lost)} acked sends lost, e.g. {sorted(lost)[:5]}"
