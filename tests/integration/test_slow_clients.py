@@ -9,6 +9,9 @@ while a client on 127.0.0.1 keeps producing and consuming.
   Content-Length / `requestBodyMinBytesPerSec` — never before;
 - every produce and pull of the client meanwhile succeeds; once the slow ones are gone the
   address that held them is admitted again;
+- HTTP/1.1 pipelining is answered in order, but a connection that pipelines without reading is
+  no longer read (not queued in memory), one that queues more than `MAX_PIPELINED` in one read is
+  closed (`event=pipeline_overflow`), and a client gone mid-answer logs no error;
 - the gRPC port keeps the same bounds: a connection that has not finished its HTTP/2 handshake is
   closed at `requestHeaderTimeoutMs`, and connections over `maxConnections` are closed at once.
 
@@ -16,6 +19,7 @@ Latency under this load is a bench figure (bench/slow_clients_bench.py), not ass
 
 from __future__ import annotations
 
+import contextlib
 import selectors
 import socket
 import threading
@@ -259,3 +263,61 @@ def test_grpc_port_cuts_unfinished_handshakes_and_refuses_connections_over_the_c
     finally:
         for s in [*partial, *over]:
             s.close()
+
+
+def _rss_anon_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon")) / 1024
+
+
+def test_pipelined_requests_are_bounded_and_a_client_gone_mid_answer_logs_no_error(broker):
+    group, addr, _ = broker
+    pid = group.procs["slow"].pid
+    body = {"messages": [{"body": "x" * 1000, "queueId": 1} for _ in range(64)]}
+    assert httpx.post(f"http://{addr}/topics/pipe/messages", json=body, timeout=10).status_code == 200
+    get = b"GET /topics/pipe/queues/1/messages?offset=0&maxMessages=64 HTTP/1.1\r\nHost: x\r\n\r\n"
+
+    # A pipelining client that reads its answers gets them all, in order.
+    s = _connect(addr, "127.0.0.5")
+    s.sendall(get * 10)
+    s.settimeout(10)
+    data = b""
+    while data.count(b"HTTP/1.1 200") < 10:
+        chunk = s.recv(1 << 16)
+        assert chunk, f"closed after {data.count(b'HTTP/1.1 200')} answers"
+        data += chunk
+    s.close()
+
+    # One that never reads: the broker stops reading it, or closes it once one read queues too
+    # many, instead of queueing what it sends (uvicorn alone held ~100 MB of parsed requests for
+    # such a connection).
+    before = _rss_anon_mb(pid)
+    s = _connect(addr, "127.0.0.5")
+    s.settimeout(1.0)
+    sent = 0
+    try:
+        for _ in range(60_000):
+            s.sendall(get)
+            sent += 1
+    except (TimeoutError, ConnectionResetError, BrokenPipeError):
+        pass
+    time.sleep(1)
+    grown = _rss_anon_mb(pid) - before
+    s.close()  # gone with answers still being written
+    assert grown < 40, f"the broker grew by {grown:.0f} MB for {sent} pipelined requests"
+
+    # More than MAX_PIPELINED in one read: that connection is closed and logged, the rest served.
+    s = _connect(addr, "127.0.0.5")
+    s.sendall(get * 2000)
+    s.settimeout(10)
+    with contextlib.suppress(ConnectionResetError):
+        while s.recv(1 << 16):
+            pass
+    s.close()
+    params = {"offset": 0, "maxMessages": 1}
+    r = httpx.get(f"http://{addr}/topics/pipe/queues/1/messages", params=params, timeout=10)
+    assert r.status_code == 200
+    time.sleep(0.5)
+    log_text = group.log_text("slow")
+    assert "event=pipeline_overflow" in log_text
+    assert "Traceback" not in log_text and " ERROR " not in log_text, log_text[-3000:]
