@@ -20,6 +20,7 @@ renamed and every port (listenPort, the dLegerPeers ports, grpcServerPort) moved
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import os
 import select
@@ -105,7 +106,8 @@ class DevCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as out:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                [sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_stop_with_the_run,
             )
 
     def start(self) -> None:
@@ -134,7 +136,7 @@ class DevCluster:
                     self.grpc_addrs.setdefault(name, {})[sid] = cfg.grpc_addr
                 self.namesrv_addr = cfg.namesrv_addr_list[0] if cfg.namesrv_addr_list else self.namesrv_addr
             except Exception as exc:  # report and keep going: the broker itself will say more
-                print(f"  ! {conf}: {exc}", flush=True)
+                say(f"  ! {conf}: {exc}")
             args = [arg for key, value in overrides.items() for arg in ("-D", f"{key}={value}")]
             self._spawn(f"{name}-{sid}", ["broker", "-c", str(conf), *args])
 
@@ -145,9 +147,9 @@ class DevCluster:
                 self.reported.add(name)
                 path = self.log_dir / f"{name}.log"
                 said = last_log_line(path) or "(nothing logged)"
-                print(f"  ! {name} exited with status {proc.returncode}: {said}", flush=True)
-                print(f"    log: {path}", flush=True)
-                print(f"    to start it again: Enter here, or kill -USR1 {os.getpid()}", flush=True)
+                say(f"  ! {name} exited with status {proc.returncode}: {said}")
+                say(f"    log: {path}")
+                say(f"    to start it again: Enter here, or kill -USR1 {os.getpid()}")
 
     def restart_exited(self) -> list[str]:
         """Start every process that has exited again, with its own command, store and log (a
@@ -228,7 +230,7 @@ class DevCluster:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                print(f"  ! {name} did not stop in time; killing pid {proc.pid}", flush=True)
+                say(f"  ! {name} did not stop in time; killing pid {proc.pid}")
                 proc.kill()
                 proc.wait(5)
 
@@ -310,6 +312,28 @@ def banner(masters: dict[str, tuple[str, str] | None], cluster: DevCluster) -> s
     return "\n".join(lines)
 
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _stop_with_the_run() -> None:
+    """In a child, before its exec: SIGTERM when the run itself dies, even by kill -9. Each child
+    has its own session (a hang-up must reach only the run, which stops them in order), so nothing
+    else would reach it and it would keep its ports from the next `make run`."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def say(line: str) -> None:
+    """One line of the run's own output. When the terminal or pipe is gone (a closed window, or
+    `make run | tee` whose tee the same Ctrl-C stopped first), what is left to print is dropped:
+    the write used to raise, and the shutdown that follows never stopped the children, which run
+    in their own sessions and so outlived the run."""
+    try:
+        print(line, flush=True)
+    except OSError:  # BrokenPipeError, or EIO from a hung-up terminal
+        sys.stdout = open(os.devnull, "w")  # the process's stdout from now on
+
+
 def _enter_pressed(timeout_s: float) -> bool:
     """Wait up to `timeout_s` for a line on stdin when it is the terminal this process is in the
     foreground of (not a pipe or /dev/null, as under CI, nor a background job: there this only
@@ -383,17 +407,17 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     names = ", ".join(set_name(k) for k in range(args.sets))
-    print(f"Starting name server, {names} (n0, n1, n2 each), console; logs in {cluster.log_dir}", flush=True)
+    say(f"Starting name server, {names} (n0, n1, n2 each), console; logs in {cluster.log_dir}")
     cluster.start()
     failed = False  # a failed start, or every process gone: logs kept, exit 1
     try:
         masters = cluster.wait_ready(args.wait_master_s, stop_requested)
         why = cluster.start_failure()
         if why:
-            print(f"  ! the cluster did not start: {why}; stopping the rest", flush=True)
+            say(f"  ! the cluster did not start: {why}; stopping the rest")
             failed = True
         elif not stop_requested:
-            print(banner(masters, cluster), flush=True)
+            say(banner(masters, cluster))
         last = masters
         while not failed and not stop_requested:
             if _enter_pressed(0.5):
@@ -401,28 +425,27 @@ def main(argv: list[str] | None = None) -> int:
             if restart_requested:
                 restart_requested.clear()
                 again = cluster.restart_exited()
-                print(f"  started again: {', '.join(again)}" if again else "  (every process is running)",
-                      flush=True)
+                say(f"  started again: {', '.join(again)}" if again else "  (every process is running)")
             cluster.check_exits()
             if len(cluster.reported) == len(cluster.procs):
-                print("  ! every process has exited", flush=True)
+                say("  ! every process has exited")
                 failed = True
                 break
             now = cluster.masters()
             for name, master in now.items():
                 if master and master != last.get(name):
-                    print(f"  {name}: master is now {master[0]} at {cluster.url(master[1])}", flush=True)
+                    say(f"  {name}: master is now {master[0]} at {cluster.url(master[1])}")
             last = {name: master or last.get(name) for name, master in now.items()}
     finally:
-        print("Stopping...", flush=True)
+        say("Stopping...")
         # Exits seen before the stop: their "!" lines name logs that must outlive the run.
         keep_logs = failed or bool(cluster.reported)
         cluster.stop()
         if temp:
             remove_store(store_dir, keep=cluster.log_dir if keep_logs else None)
         if keep_logs:
-            print(f"Logs kept in {cluster.log_dir}", flush=True)
-        print("Stopped.", flush=True)
+            say(f"Logs kept in {cluster.log_dir}")
+        say("Stopped.")
     return 1 if failed else 0
 
 

@@ -18,7 +18,8 @@ arms no timer at all: the deadline timer is armed only when a read ends mid-requ
 HTTP/1.1 pipelining is bounded: uvicorn queues every request a read brings while one is being
 answered, and resumes reading after each answer, so a client that pipelines without reading its
 answers had the master hold ~100 MB of queued requests on one connection (measured: 111,000 GETs).
-Reading stays paused while requests are queued, and a read that queues more than
+Reading is paused again after each answer while requests are still queued (a handler that reads
+a body still resumes it, so the bound is the next check), and a read that queues more than
 `MAX_PIPELINED` closes the connection (`event=pipeline_overflow`; none of the queued requests had
 started). Writes to a connection already closed are dropped, as asyncio's transports do (uvloop
 raises): uvicorn marks only the last parsed request of a closed connection as disconnected.

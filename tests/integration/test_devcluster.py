@@ -334,3 +334,88 @@ def test_a_killed_master_is_started_again_on_request_and_rejoins_as_a_follower(t
     assert rc == 0, out_path.read_text()
     for port in http:
         assert _bindable(port), f"port {port} still served after ledgermq-run stopped"
+
+
+def _children(parent: int) -> list[int]:
+    """The pids of `parent`'s child processes."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _listenable(port: int) -> bool:
+    """Whether a server could listen on the port again, as our servers bind (SO_REUSEADDR: the
+    connections the stop left in TIME_WAIT do not count, a listener still there does)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+        except OSError:
+            return False
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("how", ["output pipe gone, then Ctrl-C", "kill -9 of the run"])
+def test_every_process_stops_when_the_run_loses_its_output_or_is_killed(tmp_path, how):
+    """QA: `make run | tee run.log` and Ctrl-C: the same Ctrl-C stopped tee first, the run's
+    "Stopping..." raised BrokenPipeError before it stopped anything, and the name server, the three
+    members and the console (each in its own session) kept running and holding their ports. A run
+    killed with kill -9 left them the same way."""
+    conf_dir, ns, http = _conf_dir(tmp_path / "conf")
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker.devcluster", "--conf-dir", str(conf_dir), "--wait-master-s", "60",
+         "--console-port", str(free_port())],
+        cwd=REPO, stdout=write_end, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    os.close(write_end)
+    out = io.FileIO(read_end, "r")
+    children: list[int] = []
+    try:
+        seen = b""
+        deadline = time.monotonic() + 90
+        while b"Store and logs:" not in seen and time.monotonic() < deadline:
+            chunk = out.read(65536)
+            assert chunk, seen.decode()
+            seen += chunk
+        assert b"Store and logs:" in seen, seen.decode()
+        children = _children(proc.pid)
+        assert len(children) == 5, children  # name server, three members, console
+        if how == "kill -9 of the run":
+            proc.kill()
+        else:
+            out.close()  # tee gone
+            proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in children if _alive(pid)]
+    finally:
+        if not out.closed:
+            out.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for pid in children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    for port in [int(ns.rpartition(":")[2]), *http]:
+        assert _listenable(port), f"port {port} still served after ledgermq-run stopped"
