@@ -5,7 +5,8 @@ Starts `mqnamesrv -c conf/namesrv.conf`, for each of `--sets N` (default 1) brok
 `mqbroker -c conf/dledger/broker-n{0,1,2}.conf`, and `mqdashboard -n <name server> --port 8080` as
 separate processes with a fresh temporary store directory (or `--store-dir`), waits until every set
 has elected a master and the name server lists it, prints curl lines to produce and consume and
-the console's address, and stops everything on Ctrl-C / SIGTERM / SIGHUP. A process that exits is
+the console's address, and stops everything on Ctrl-C / SIGTERM / SIGHUP, when its terminal hangs
+up (`Terminal`), and, its children by PR_SET_PDEATHSIG, when it is killed. A process that exits is
 reported with the last line of its log (kept at exit); Enter in the terminal (or SIGUSR1) starts
 every exited process again with its own command, store and log — kill -9 a master to watch the
 failover, then bring it back as a follower. When the name server or every member of a set exits
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import logging
 import os
 import select
@@ -334,29 +336,66 @@ def say(line: str) -> None:
         sys.stdout = open(os.devnull, "w")  # the process's stdout from now on
 
 
-def _enter_pressed(timeout_s: float) -> bool:
-    """Wait up to `timeout_s` for a line on stdin when it is the terminal this process is in the
-    foreground of (not a pipe or /dev/null, as under CI, nor a background job: there this only
-    sleeps)."""
-    stdin = sys.stdin
-    try:
-        # Only in the foreground: a background job (`make run &`) reading its terminal is stopped
-        # by SIGTTIN as soon as the user types into the shell.
-        usable = stdin is not None and stdin.isatty() and os.tcgetpgrp(stdin.fileno()) == os.getpgrp()
-    except (OSError, ValueError):
-        usable = False
-    if not usable:
-        time.sleep(timeout_s)
+class Terminal:
+    """The terminal `make run` was started on: Enter typed there asks for a restart, and its hang-up
+    stops the run. The kernel sends SIGHUP only to the session leader, and a `make` that leads the
+    session (`tmux new-session "make run"`, a terminal running it without a shell) catches it and
+    waits for the run, which then never heard it: its terminal's reads say end of file and every
+    ioctl EIO, which this notices."""
+
+    def __init__(self) -> None:
+        self.stdin = sys.stdin
+        try:
+            self.was_tty = self.stdin is not None and self.stdin.isatty()
+        except ValueError:
+            self.was_tty = False
+
+    def _hung_up(self) -> bool:
+        try:
+            os.tcgetpgrp(self.stdin.fileno())
+        except OSError as exc:
+            return exc.errno == errno.EIO
+        except ValueError:  # stdin closed
+            return False
         return False
-    try:
-        ready, _, _ = select.select([stdin], [], [], timeout_s)
-    except (OSError, ValueError):
-        time.sleep(timeout_s)
-        return False
-    if not ready:
-        return False
-    stdin.readline()
-    return True
+
+    def wait(self, timeout_s: float) -> str | None:
+        """Wait up to `timeout_s` for a line on stdin when it is the terminal this process is in
+        the foreground of (not a pipe or /dev/null, as under CI, nor a background job: there this
+        only sleeps): "enter" for a line, "hangup" once the terminal is gone, else None."""
+        if not self.was_tty:
+            time.sleep(timeout_s)
+            return None
+        stdin = self.stdin
+        try:
+            # Only in the foreground: a background job (`make run &`) reading its terminal is
+            # stopped by SIGTTIN as soon as the user types into the shell.
+            usable = os.tcgetpgrp(stdin.fileno()) == os.getpgrp()
+        except OSError as exc:
+            if exc.errno == errno.EIO:
+                return "hangup"
+            usable = False
+        except ValueError:
+            usable = False
+        if not usable:
+            time.sleep(timeout_s)
+            return None
+        try:
+            ready, _, _ = select.select([stdin], [], [], timeout_s)
+            if not ready:
+                return None
+            line = stdin.readline()
+        except OSError as exc:
+            if exc.errno == errno.EIO:
+                return "hangup"
+            time.sleep(timeout_s)
+            return None
+        except ValueError:
+            time.sleep(timeout_s)
+            return None
+        if not line and self._hung_up():  # end of file: Ctrl-D, or the terminal gone
+            return "hangup"
+        return "enter"
 
 
 def _command(name: str) -> str:
@@ -403,11 +442,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR1, lambda signum, _frame: restart_requested.append(signum))
 
     # SIGHUP too: closing the terminal must stop the cluster like Ctrl-C (each child runs in its
-    # own session, so the hang-up reaches only this process).
+    # own session, so the hang-up reaches at most this process; `Terminal` notices it otherwise).
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     names = ", ".join(set_name(k) for k in range(args.sets))
     say(f"Starting name server, {names} (n0, n1, n2 each), console; logs in {cluster.log_dir}")
+    terminal = Terminal()
     cluster.start()
     failed = False  # a failed start, or every process gone: logs kept, exit 1
     try:
@@ -420,7 +460,12 @@ def main(argv: list[str] | None = None) -> int:
             say(banner(masters, cluster))
         last = masters
         while not failed and not stop_requested:
-            if _enter_pressed(0.5):
+            typed = terminal.wait(0.5)
+            if typed == "hangup":
+                log.info("event=terminal_hung_up action=stop")
+                stop_requested.append(signal.SIGHUP)
+                break
+            if typed == "enter":
                 restart_requested.append(0)
             if restart_requested:
                 restart_requested.clear()

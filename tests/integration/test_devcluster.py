@@ -5,13 +5,16 @@ The failover across sets (kill a whole set mid-load) is tests/integration/test_m
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
+import select
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -417,5 +420,60 @@ def test_every_process_stops_when_the_run_loses_its_output_or_is_killed(tmp_path
         for pid in children:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+    for port in [int(ns.rpartition(":")[2]), *http]:
+        assert _listenable(port), f"port {port} still served after ledgermq-run stopped"
+
+
+_MAKE_LIKE = (  # a session leader that, as GNU make does, catches SIGHUP and waits for its child
+    "import signal, subprocess, sys; signal.signal(signal.SIGHUP, lambda *_: None); "
+    "sys.exit(subprocess.call(sys.argv[1:]))"
+)
+
+
+def _controlling_terminal() -> None:
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def test_closing_the_terminal_stops_every_process_when_make_leads_the_session(tmp_path):
+    """QA: `tmux new-session "make run"`, then kill-session: the kernel's SIGHUP went to `make`
+    alone (the session leader), which waits for its child, so the run, the name server, the members
+    and the console ran on with the terminal gone. The run now sees its terminal hang up."""
+    conf_dir, ns, http = _conf_dir(tmp_path / "conf")
+    master_fd, slave_fd = os.openpty()
+    leader = subprocess.Popen(
+        [sys.executable, "-c", _MAKE_LIKE, sys.executable, "-m", "broker.devcluster", "--conf-dir",
+         str(conf_dir), "--wait-master-s", "60", "--console-port", str(free_port())],
+        cwd=REPO, stdin=slave_fd, stdout=slave_fd, stderr=slave_fd, preexec_fn=_controlling_terminal,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    os.close(slave_fd)
+    run_pid = 0
+    children: list[int] = []
+    try:
+        seen = b""
+        deadline = time.monotonic() + 90
+        while b"Store and logs:" not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([master_fd], [], [], 1)
+            if ready:
+                seen += os.read(master_fd, 65536)
+        assert b"Store and logs:" in seen, seen.decode(errors="replace")
+        [run_pid] = _children(leader.pid)
+        children = _children(run_pid)
+        assert len(children) == 5, children
+        os.close(master_fd)  # the terminal window closed
+        master_fd = -1
+        assert leader.wait(30) == 0
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in [run_pid, *children]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in [run_pid, *children] if _alive(pid)]
+    finally:
+        if master_fd >= 0:
+            os.close(master_fd)
+        for pid in [leader.pid, run_pid, *children]:
+            if pid and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        leader.wait(10)
     for port in [int(ns.rpartition(":")[2]), *http]:
         assert _listenable(port), f"port {port} still served after ledgermq-run stopped"
