@@ -27,6 +27,7 @@ from listener.config import (
     ListenerConfig,
     ListenerConfigError,
     apply_key,
+    unencrypted_key,
 )
 from wire.names import BROKER_NAME_RE
 from wire.regauth import load_secrets
@@ -362,6 +363,11 @@ class BrokerConfig:
         try:
             self.listener.validate()
             self.tls_client.validate()
+            if self.grpc_server_port and self.listener.tls:  # the gRPC port's TLS: broker/grpc/tls.py
+                unencrypted_key("tls.server.keyPassword", self.listener.key_path, self.listener.key_password)
+                client = self.tls_client
+                if client.cert_path:
+                    unencrypted_key("tls.client.keyPassword", client.key_path, client.key_password)
         except ListenerConfigError as exc:
             raise ConfigError(self.source, exc.key, exc.reason) from None
         if self.registration_secret_file:

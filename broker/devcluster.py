@@ -299,6 +299,7 @@ def banner(masters: dict[str, tuple[str, str] | None], cluster: DevCluster) -> s
             [
                 "RocketMQ 5 clients (Java, Go, Python, Node.js ...), any member is an access point:",
                 f"  endpoints = \"{';'.join(a for s in cluster.grpc_addrs.values() for a in s.values())}\"",
+                *_grpc_tls_lines(cluster),
             ]
             if cluster.grpc_addrs
             else []
@@ -323,6 +324,14 @@ def _stop_with_the_run() -> None:
     else would reach it and it would keep its ports from the next `make run`."""
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _grpc_tls_lines(cluster: DevCluster) -> list[str]:
+    """How the official clients reach gRPC ports that serve TLS (the members' HTTP ports do)."""
+    if "https" not in cluster.schemes.values():
+        return []
+    roots = f" and GRPC_DEFAULT_SSL_ROOTS_FILE_PATH={cluster.ca_file}" if cluster.ca_file else ""
+    return [f"  over TLS: Python tls_enable=True{roots}; Node.js sslEnabled: true; Java enableSsl(true)"]
 
 
 def say(line: str) -> None:

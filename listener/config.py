@@ -17,6 +17,7 @@ import ssl
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -237,6 +238,28 @@ def apply_key(target: ListenerConfig | ClientTlsConfig, key: str, raw: str) -> b
     if attr:
         setattr(target, attr, value)
     return True
+
+
+def read_pem(key: str, path: str) -> bytes:
+    """The file `key` names, as bytes; ListenerConfigError naming the key when it cannot be read."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ListenerConfigError(key, f"{path} cannot be read: {exc.strerror}") from None
+
+
+def unencrypted_key(password_key: str, path: str, password: str) -> bytes:
+    """A private key's PEM for the broker's gRPC port (broker/grpc/tls.py): grpcio takes it as it
+    is, with no password, so an encrypted one stops the broker at start rather than leave the gRPC
+    port in plaintext while the HTTP port is TLS."""
+    pem = read_pem(password_key.replace("Password", "Path"), path)
+    if password or b"ENCRYPTED" in pem:
+        raise ListenerConfigError(
+            password_key,
+            f"the gRPC port (grpcServerPort) needs an unencrypted key and {path} is encrypted: give an "
+            "unencrypted key (chmod 600) or set grpcServerPort=0",
+        )
+    return pem
 
 
 def _readable(key: str, path: str) -> None:

@@ -49,11 +49,15 @@ class Forwarder:
     """One channel per master address. Callers: the servicer's master-only RPCs."""
 
     def __init__(
-        self, state: Any, master_grpc_addr: Callable[[frozenset[str]], Awaitable[str | None]]
+        self,
+        state: Any,
+        master_grpc_addr: Callable[[frozenset[str]], Awaitable[str | None]],
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.state = state  # broker.service.BrokerState
         self._master_grpc_addr = master_grpc_addr
         self._channels: dict[str, tuple[grpc.aio.Channel, Any]] = {}
+        self._credentials = credentials  # TLS to the master's port (broker/grpc/tls.py), else plaintext
         self.forwarded = 0
         self.retried = 0
 
@@ -88,7 +92,11 @@ class Forwarder:
     def _stub(self, addr: str) -> Any:
         entry = self._channels.get(addr)
         if entry is None:
-            channel = grpc.aio.insecure_channel(addr, options=[("grpc.max_receive_message_length", -1)])
+            options = [("grpc.max_receive_message_length", -1)]
+            if self._credentials is None:
+                channel = grpc.aio.insecure_channel(addr, options=options)
+            else:
+                channel = grpc.aio.secure_channel(addr, self._credentials, options=options)
             entry = self._channels[addr] = (channel, spb_grpc.MessagingServiceStub(channel))
         return entry[1]
 

@@ -17,6 +17,7 @@ from broker.grpc.protocol import spb_grpc
 from broker.grpc.renewal import InvisibilityRenewer
 from broker.grpc.route import RouteResolver
 from broker.grpc.servicer import GrpcMetrics, MessagingServicer
+from broker.grpc.tls import channel_credentials, server_credentials
 from broker.http.server import listen_host
 from broker.service import BrokerServices
 
@@ -120,7 +121,9 @@ class GrpcFrontEnd:
         self.addr: str = cfg.grpc_addr
         self.renewer = InvisibilityRenewer(services.pop)
         self.routes = RouteResolver(services.state, self.addr)
-        self.forwarder = Forwarder(services.state, self.routes.master_grpc_addr)
+        self.forwarder = Forwarder(
+            services.state, self.routes.master_grpc_addr, channel_credentials(cfg.listener, cfg.tls_client)
+        )
         self.servicer = MessagingServicer(
             services,
             self.routes,
@@ -154,8 +157,10 @@ class GrpcFrontEnd:
         spb_grpc.add_MessagingServiceServicer_to_server(self.servicer, generated)
         self.server.add_generic_rpc_handlers(tuple(StrictDecoding(h) for h in generated.handlers))
         host = listen_host(cfg.broker_ip1)
+        tls = server_credentials(cfg.listener)
         try:
-            port = self.server.add_insecure_port(f"{host}:{cfg.grpc_server_port}")
+            bind = f"{host}:{cfg.grpc_server_port}"
+            port = self.server.add_secure_port(bind, tls) if tls else self.server.add_insecure_port(bind)
         except RuntimeError as exc:
             port = 0
             reason = str(exc)
@@ -166,7 +171,7 @@ class GrpcFrontEnd:
             raise OSError(f"cannot listen for gRPC on {host}:{cfg.grpc_server_port}: {reason}")
         await self.server.start()
         self.renewer.start()
-        log.info("event=grpc_started broker=%s addr=%s", cfg.broker_name, self.addr)
+        log.info("event=grpc_started broker=%s addr=%s tls=%s", cfg.broker_name, self.addr, tls is not None)
 
     def request_stop(self) -> None:
         """Stop accepting; calls in progress get GRACEFUL_SHUTDOWN_S to finish."""
