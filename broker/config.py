@@ -27,7 +27,6 @@ from listener.config import (
     ListenerConfig,
     ListenerConfigError,
     apply_key,
-    unencrypted_key,
 )
 from wire.names import BROKER_NAME_RE
 from wire.regauth import load_secrets
@@ -364,10 +363,9 @@ class BrokerConfig:
             self.listener.validate()
             self.tls_client.validate()
             if self.grpc_server_port and self.listener.tls:  # the gRPC port's TLS: broker/grpc/tls.py
-                unencrypted_key("tls.server.keyPassword", self.listener.key_path, self.listener.key_password)
-                client = self.tls_client
-                if client.cert_path:
-                    unencrypted_key("tls.client.keyPassword", client.key_path, client.key_password)
+                self.listener.plain_key_pem()
+                if self.tls_client.cert_path:
+                    self.tls_client.plain_key_pem()
         except ListenerConfigError as exc:
             raise ConfigError(self.source, exc.key, exc.reason) from None
         if self.registration_secret_file:

@@ -158,6 +158,11 @@ class ListenerConfig:
         ctx.verify_mode = CLIENT_AUTH_MODES[self.need_client_auth]
         return ctx
 
+    def plain_key_pem(self) -> bytes:
+        """The key's PEM, unencrypted, for the broker's gRPC port (`unencrypted_key`)."""
+        keys = ("tls.server.keyPath", "tls.server.keyPassword")
+        return unencrypted_key(*keys, self.key_path, self.key_password)
+
 
 @dataclass
 class ClientTlsConfig:
@@ -196,6 +201,11 @@ class ClientTlsConfig:
         except (OSError, ssl.SSLError) as exc:
             raise ListenerConfigError("tls.client.trustCertPath", f"does not load: {exc}") from None
         return ctx
+
+    def plain_key_pem(self) -> bytes:
+        """The client key's PEM, unencrypted, for a member's gRPC calls (`unencrypted_key`)."""
+        keys = ("tls.client.keyPath", "tls.client.keyPassword")
+        return unencrypted_key(*keys, self.key_path, self.key_password)
 
 
 # RocketMQ-style key -> (which config, attribute, parser). The one table.
@@ -248,11 +258,11 @@ def read_pem(key: str, path: str) -> bytes:
         raise ListenerConfigError(key, f"{path} cannot be read: {exc.strerror}") from None
 
 
-def unencrypted_key(password_key: str, path: str, password: str) -> bytes:
+def unencrypted_key(path_key: str, password_key: str, path: str, password: str) -> bytes:
     """A private key's PEM for the broker's gRPC port (broker/grpc/tls.py): grpcio takes it as it
     is, with no password, so an encrypted one stops the broker at start rather than leave the gRPC
     port in plaintext while the HTTP port is TLS."""
-    pem = read_pem(password_key.replace("Password", "Path"), path)
+    pem = read_pem(path_key, path)
     if password or b"ENCRYPTED" in pem:
         raise ListenerConfigError(
             password_key,

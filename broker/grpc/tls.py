@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import grpc
 
-from listener.config import ClientTlsConfig, ListenerConfig, read_pem, unencrypted_key
+from listener.config import ClientTlsConfig, ListenerConfig, read_pem
 
 
 def server_credentials(listener: ListenerConfig) -> grpc.ServerCredentials | None:
@@ -23,7 +23,7 @@ def server_credentials(listener: ListenerConfig) -> grpc.ServerCredentials | Non
     of a file that cannot serve it."""
     if not listener.tls:
         return None
-    key = unencrypted_key("tls.server.keyPassword", listener.key_path, listener.key_password)
+    key = listener.plain_key_pem()
     chain = read_pem("tls.server.certPath", listener.cert_path)
     require = listener.need_client_auth == "require"
     # grpcio's server either requires and verifies a client certificate or asks for none:
@@ -39,7 +39,7 @@ def channel_credentials(listener: ListenerConfig, client: ClientTlsConfig) -> gr
         return None
     roots = read_pem("tls.client.trustCertPath", client.trust_cert_path) if client.trust_cert_path else None
     if client.cert_path:
-        key = unencrypted_key("tls.client.keyPassword", client.key_path, client.key_password)
+        key = client.plain_key_pem()
         chain = read_pem("tls.client.certPath", client.cert_path)
         return grpc.ssl_channel_credentials(roots, key, chain)
     return grpc.ssl_channel_credentials(roots)
