@@ -8,8 +8,6 @@ QA: with TLS switched on, the HTTP ports served HTTPS and the gRPC port went on 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import ssl
 import subprocess
 import sys
@@ -23,6 +21,7 @@ import httpx
 import pytest
 
 from broker.grpc.protocol import Code, pb, spb, spb_grpc
+from tests.integration._grpc_harness import SCRIPTS, run_client
 from tests.integration._ledgermq_procs import (
     CONF,
     ProcessGroup,
@@ -110,51 +109,18 @@ def tls_set(tmp_path_factory) -> Iterator[TlsSet]:
         yield s
 
 
-_OFFICIAL_CLIENT = """
-import json, sys, time
-from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
-endpoints, n = sys.argv[1], int(sys.argv[2])
-config = ClientConfiguration(endpoints, Credentials())
-producer = Producer(config, ("tls-demo",), tls_enable=True)
-producer.startup()
-sent = []
-try:
-    for i in range(n):
-        msg = Message()
-        msg.topic, msg.body, msg.tag = "tls-demo", f"tls-{i}".encode(), "t"
-        sent.append(producer.send(msg).message_id)
-finally:
-    producer.shutdown()
-consumer = SimpleConsumer(
-    config, "tls-group", {"tls-demo": FilterExpression()}, await_duration=5, tls_enable=True
-)
-consumer.startup()
-got = {}
-try:
-    deadline = time.monotonic() + 60
-    while len(got) < n and time.monotonic() < deadline:
-        for m in consumer.receive(32, 30):
-            got[m.message_id] = m.body.decode()
-            consumer.ack(m)
-finally:
-    consumer.shutdown()
-print(json.dumps({"sent": sent, "got": got}))
-"""
-
-
 def test_the_official_python_client_sends_and_receives_over_tls(tls_set: TlsSet) -> None:
-    env = {**os.environ, "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(tls_set.pki.ca)}
+    env = {"GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(tls_set.pki.ca)}
     # One access point: the 5.1.2 client checks the certificate against its whole endpoints string
     # ("127.0.0.1:a,127.0.0.1:b"), which no certificate names. A slave's, so the route's master is
     # reached from there.
     slave = next(sid for sid in tls_set.grpc if sid != tls_set.master())
-    out = subprocess.run([sys.executable, "-c", _OFFICIAL_CLIENT, tls_set.grpc[slave], "20"], env=env,
-                         capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(set(result["sent"])) == 20
-    assert sorted(result["got"].values()) == sorted(f"tls-{i}" for i in range(20))
-    assert set(result["got"]) == set(result["sent"])
+    script = str(SCRIPTS / "py_roundtrip.py")
+    out = run_client([sys.executable, script, tls_set.grpc[slave], "tls-demo", "tls-group", "20", "tls"],
+                     timeout_s=180, env=env)
+    assert len(out["sent"]) == 20
+    assert set(out["received"]) == set(out["sent"])
+    assert sorted(m["body"] for m in out["received"].values()) == sorted(f"py-{i}" for i in range(20))
 
 
 def _send(channel: grpc.Channel, body: bytes, message_id: str) -> spb.SendMessageResponse:

@@ -1,7 +1,7 @@
 """Run by an official Python client of any version (its own venv): a producer sends N messages,
 a simple consumer receives and acks them all; prints one JSON line with what happened.
 
-usage: python py_roundtrip.py ENDPOINTS TOPIC GROUP N
+usage: python py_roundtrip.py ENDPOINTS TOPIC GROUP N [tls]   (tls: the clients' tls_enable=True)
 """
 
 import json
@@ -13,8 +13,9 @@ from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message
 
 def main() -> None:
     endpoints, topic, group, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    tls = sys.argv[5:] == ["tls"]
     config = ClientConfiguration(endpoints, Credentials())
-    producer = Producer(config, (topic,))
+    producer = Producer(config, (topic,), tls_enable=tls)
     producer.startup()  # 5.1.1 waits here for the server's Settings
     sent = {}
     try:
@@ -28,7 +29,7 @@ def main() -> None:
             sent[producer.send(msg).message_id] = i
     finally:
         producer.shutdown()
-    consumer = SimpleConsumer(config, group, {topic: FilterExpression()}, await_duration=5)
+    consumer = SimpleConsumer(config, group, {topic: FilterExpression()}, await_duration=5, tls_enable=tls)
     consumer.startup()
     received = {}
     try:
