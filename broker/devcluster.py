@@ -330,8 +330,10 @@ def _grpc_tls_lines(cluster: DevCluster) -> list[str]:
     """How the official clients reach gRPC ports that serve TLS (the members' HTTP ports do)."""
     if "https" not in cluster.schemes.values():
         return []
-    roots = f" and GRPC_DEFAULT_SSL_ROOTS_FILE_PATH={cluster.ca_file}" if cluster.ca_file else ""
-    return [f"  over TLS: Python tls_enable=True{roots}; Node.js sslEnabled: true; Java enableSsl(true)"]
+    # Python's and Node's gRPC both take their roots from this variable (Node ignores
+    # NODE_EXTRA_CA_CERTS for a gRPC channel).
+    roots = f", both with GRPC_DEFAULT_SSL_ROOTS_FILE_PATH={cluster.ca_file}" if cluster.ca_file else ""
+    return [f"  over TLS: Python tls_enable=True, Node.js sslEnabled: true{roots}; Java enableSsl(true)"]
 
 
 def say(line: str) -> None:

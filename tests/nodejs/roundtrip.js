@@ -1,7 +1,9 @@
 // Run by tests/integration/test_grpc_clients.py: the official Node.js client (locked in
 // package-lock.json) sends N messages through a Producer and receives and acks them through a
 // SimpleConsumer; prints one JSON line with what happened.
-// usage: node roundtrip.js ENDPOINTS TOPIC GROUP N
+// usage: node roundtrip.js ENDPOINTS TOPIC GROUP N [tls]
+// With `tls` both clients speak TLS (`sslEnabled`); grpc-js trusts the system CAs or the file named
+// by GRPC_DEFAULT_SSL_ROOTS_FILE_PATH (not NODE_EXTRA_CA_CERTS).
 'use strict';
 const { Producer, SimpleConsumer } = require('rocketmq-client-nodejs');
 
@@ -9,9 +11,10 @@ const { Producer, SimpleConsumer } = require('rocketmq-client-nodejs');
 const quiet = { info() {}, debug() {}, warn() {}, error(...args) { console.error(...args); } };
 
 async function main() {
-  const [endpoints, topic, group, nRaw] = process.argv.slice(2);
+  const [endpoints, topic, group, nRaw, tls] = process.argv.slice(2);
   const n = Number(nRaw);
-  const producer = new Producer({ endpoints, logger: quiet, topics: [topic] });
+  const sslEnabled = tls === 'tls';
+  const producer = new Producer({ endpoints, sslEnabled, logger: quiet, topics: [topic] });
   await producer.startup(); // waits for the server's Settings
   const sent = {};
   for (let i = 0; i < n; i++) {
@@ -27,6 +30,7 @@ async function main() {
   await producer.shutdown();
   const consumer = new SimpleConsumer({
     endpoints,
+    sslEnabled,
     logger: quiet,
     consumerGroup: group,
     subscriptions: new Map([[topic, '*']]),
