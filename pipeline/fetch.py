@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import quote
 
 import httpx
@@ -26,6 +26,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from client.errors import LedgerMQError, ServerError
+from pipeline.access import Access
 from pipeline.binpull import (
     PULL_BINARY_CONTENT_TYPE,
     PullFormatError,
@@ -70,6 +71,7 @@ class FetchOptions:
     # A broker-side filter (issue 15): TAG or SQL92 and its expression; None = every message.
     filter_type: str | None = None
     filter_expression: str | None = None
+    access: Access = field(default_factory=Access)  # token and TLS (pipeline/access.py)
 
 
 class QueueFetcher:
@@ -83,8 +85,9 @@ class QueueFetcher:
         self.schema = source_arrow_schema(opts.include_properties)
         self.page_size = max(1, min(opts.page_size, MAX_PULL_MESSAGES))
         # stdlib keep-alive client: a fraction of httpx's CPU per 1 MB page (pipeline/pullclient.py);
-        # the TLS context is only built for https members.
-        self.http = PageClient(timeout_s=30.0)
+        # the TLS context is only built for https members, or for all with option caFile.
+        access = opts.access
+        self.http = PageClient(timeout_s=30.0, ssl_context=access.ssl_context(), headers=access.headers())
 
     def close(self) -> None:
         """Release the HTTP client."""
@@ -242,8 +245,8 @@ class QueueFetcher:
             # Past this member's end: it is behind (a slave catching up, a new master replaying).
             self._next_member(sleep_s=0.05)
             return None
-        if resp.status_code in (400, 422):
-            raise err  # our request is wrong: retrying elsewhere will not help
+        if resp.status_code in (400, 401, 403, 422):
+            raise err  # our request or token is wrong: retrying elsewhere will not help
         log.warning("event=pull_retry addr=%s error=%s", addr, err)
         self._next_member(sleep_s=0.1)
         return None
@@ -259,7 +262,7 @@ class QueueFetcher:
     def _refresh_route(self) -> None:
         if not self.opts.namesrv_addrs:
             return
-        resolver = RouteResolver(self.opts.namesrv_addrs, (), timeout_s=5.0)
+        resolver = RouteResolver(self.opts.namesrv_addrs, (), timeout_s=5.0, access=self.opts.access)
         try:
             for bs in resolver.broker_sets(self.part.topic):
                 if bs.broker_name == self.part.broker_name and bs.addrs:

@@ -2,6 +2,7 @@
 
     python -m pipeline.job --topic orders --out /data/orders --checkpoint /data/orders.ckpt \\
         --namesrv 127.0.0.1:9876 [--trigger availableNow|processingTime=5s|once] [--format parquet|delta]
+        [--token T] [--ca-file ca.pem]   (a cluster with ACL / TLS; also $LEDGERMQ_TOKEN, $LEDGERMQ_CA_FILE)
 
 Progress: one log line per micro-batch (``event=batch``) with the batch id, rows, duration, end
 offsets and lag (messages on the brokers not yet read). Exactly once: the source replays a failed
@@ -42,6 +43,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--consumer-group", help="commit progress to this consumer group (for lag tools)")
     p.add_argument("--fail-on-data-loss", default="true", choices=["true", "false"])
     p.add_argument("--format", default="parquet", choices=["parquet", "delta"], help="output format")
+    p.add_argument("--token", default=os.environ.get("LEDGERMQ_TOKEN"),
+                   help="ACL bearer token (default: $LEDGERMQ_TOKEN)")
+    p.add_argument("--ca-file", default=os.environ.get("LEDGERMQ_CA_FILE"),
+                   help="PEM CA: every name server and broker over TLS, verified against it "
+                        "(default: $LEDGERMQ_CA_FILE)")
+    p.add_argument("--client-cert", help="PEM client certificate (with its key, or see --client-key)")
+    p.add_argument("--client-key", help="PEM key of --client-cert, when it is a separate file")
     p.add_argument("--master", default=os.environ.get("SPARK_MASTER", "local[2]"))
     p.add_argument("--log-level", default="INFO", help="Python log level of the job")
     args = p.parse_args(argv)
@@ -156,6 +164,10 @@ def start_query(spark, args: argparse.Namespace):
         "maxOffsetsPerTrigger": args.max_offsets_per_trigger,
         "consumerGroup": args.consumer_group,
         "failOnDataLoss": args.fail_on_data_loss,
+        "token": args.token,
+        "caFile": args.ca_file,
+        "clientCert": args.client_cert,
+        "clientKey": args.client_key,
     }
     for k, v in opts.items():
         if v is not None:

@@ -39,16 +39,23 @@ class PageClient:
     Used from one thread at a time (the fetcher's single prefetch thread). A GET that fails on a
     reused connection is retried once on a fresh one, since the server may have closed an idle
     keep-alive connection between two pulls; a second failure is the caller's to handle.
+    With ``ssl_context`` every base URL is spoken to over TLS (``http://`` ones too, as the SDK's
+    ``ca_file`` does); ``headers`` go with every request.
     """
 
-    def __init__(self, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, timeout_s: float = 30.0, *, ssl_context: ssl.SSLContext | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.timeout_s = timeout_s
         self._conns: dict[str, http.client.HTTPConnection] = {}
-        self._tls: ssl.SSLContext | None = None
+        self._tls = ssl_context
+        self._tls_always = ssl_context is not None
+        self._headers = headers or {}
 
     def _connect(self, base: str) -> http.client.HTTPConnection:
         u = urlsplit(base)
-        if u.scheme == "https":
+        if u.scheme == "https" or self._tls_always:
             if self._tls is None:
                 self._tls = ssl.create_default_context()
             return http.client.HTTPSConnection(u.hostname, u.port, timeout=self.timeout_s, context=self._tls)
@@ -63,7 +70,7 @@ class PageClient:
             if conn is None:
                 conn = self._conns[base] = self._connect(base)
             try:
-                conn.request("GET", target, headers=headers)
+                conn.request("GET", target, headers={**self._headers, **headers})
                 resp = conn.getresponse()
                 body = resp.read()
             except TRANSPORT_ERRORS:

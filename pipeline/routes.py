@@ -14,8 +14,15 @@ from collections.abc import Iterable, Mapping, Sequence
 import httpx
 import orjson
 
-from client.errors import LedgerMQError, ServiceUnavailableError, error_from_problem
+from client.errors import (
+    ForbiddenError,
+    LedgerMQError,
+    ServiceUnavailableError,
+    UnauthorizedError,
+    error_from_problem,
+)
 from client.transport import PERM_READ, PERM_WRITE, BrokerSetRoute, base_url, parse_route, split_addrs
+from pipeline.access import Access
 from pipeline.offsets import QueueState, parse_queue_key
 
 __all__ = [
@@ -51,7 +58,14 @@ def problem_of(resp: httpx.Response, what: str) -> LedgerMQError:
     except orjson.JSONDecodeError:
         body = {"detail": resp.text[:300]}
     err = error_from_problem(resp.status_code, body)
-    return type(err)(f"{what}: HTTP {resp.status_code} {err.detail}", status=resp.status_code, problem=body)
+    hint = " (the brokers have ACL on: set option 'token')" if resp.status_code == 401 else ""
+    text = f"{what}: HTTP {resp.status_code} {err.detail}{hint}"
+    return type(err)(text, status=resp.status_code, problem=body)
+
+
+# Answers no other member or retry would change (every member has the same ACL file): raised at
+# once instead of moving on to the next member, which would leave a broker set out of the query.
+ACCESS_ERRORS = (UnauthorizedError, ForbiddenError)
 
 
 class RouteResolver:
@@ -63,13 +77,15 @@ class RouteResolver:
     """
 
     def __init__(
-        self, namesrv_addrs: Sequence[str], broker_addrs: Sequence[str], *, timeout_s: float = 10.0
+        self, namesrv_addrs: Sequence[str], broker_addrs: Sequence[str], *, timeout_s: float = 10.0,
+        access: Access | None = None,
     ) -> None:
         if not namesrv_addrs and not broker_addrs:
             raise ValueError("set option 'namesrvAddr' (or 'brokerAddr')")
         self.namesrv_addrs = [base_url(a) for a in namesrv_addrs]
         self.broker_addrs = [base_url(a) for a in broker_addrs]
-        self._http = httpx.Client(timeout=timeout_s)
+        self.access = access or Access()
+        self._http = self.access.http_client(timeout_s)
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -90,7 +106,12 @@ class RouteResolver:
             except httpx.TransportError as exc:
                 last = exc
                 log.warning("event=namesrv_unreachable addr=%s error=%r", ns, exc)
-        raise ServiceUnavailableError(f"{what}: no name server reachable ({self.namesrv_addrs}): {last!r}")
+        hint = "" if self.access.tls else (
+            " (a name server serving only HTTPS gives plaintext no answer: set option 'caFile')"
+        )
+        raise ServiceUnavailableError(
+            f"{what}: no name server reachable ({self.namesrv_addrs}): {last!r}{hint}"
+        )
 
     def broker_sets(self, topic: str) -> list[BrokerSetRoute]:
         """The broker sets holding ``topic`` (empty list when the topic does not exist)."""
@@ -110,6 +131,8 @@ class RouteResolver:
         for addr in self.broker_addrs:
             try:
                 st = self._get_json(addr + "/status", f"status of broker {addr}")
+            except ACCESS_ERRORS:
+                raise
             except (httpx.TransportError, LedgerMQError) as exc:
                 log.warning("event=broker_unreachable addr=%s error=%r", addr, exc)
                 continue
@@ -135,6 +158,8 @@ class RouteResolver:
                 try:
                     names.update(self._get_json(addr + "/topics", f"topics of {bs.broker_name}")["topics"])
                     break
+                except ACCESS_ERRORS:
+                    raise
                 except (httpx.TransportError, LedgerMQError) as exc:
                     log.warning(
                         "event=broker_unreachable broker=%s addr=%s error=%r", bs.broker_name, addr, exc
@@ -172,6 +197,8 @@ class RouteResolver:
                 return self._get_json(f"{addr}/topics/{topic}", f"topic {topic!r} on {bs.broker_name}")
             except httpx.TransportError as exc:
                 log.warning("event=broker_unreachable broker=%s addr=%s error=%r", bs.broker_name, addr, exc)
+            except ACCESS_ERRORS:
+                raise
             except LedgerMQError as exc:
                 log.warning("event=topic_info_failed broker=%s addr=%s error=%s", bs.broker_name, addr, exc)
         log.warning(
@@ -189,6 +216,8 @@ class RouteResolver:
                     f"offset for time {ts_ms} of {topic}/{queue_id}",
                 )
                 return int(doc["offset"])
+            except ACCESS_ERRORS:
+                raise
             except (httpx.TransportError, LedgerMQError) as exc:
                 last = exc
                 log.warning(
@@ -205,7 +234,9 @@ class RouteResolver:
     def commit_group_offsets(self, group: str, offsets: dict[str, dict[str, int]]) -> None:
         """``PUT /consumers/{group}/offsets`` on each broker set's master so lag tools see progress.
 
-        Advisory only (the checkpoint is the source of truth), so failures are logged, not raised.
+        Advisory only (the checkpoint is the source of truth), so failures are logged, not raised,
+        but for a token without the right (401/403): that would never heal, and the group would
+        silently stay behind.
         """
         for topic, queues in offsets.items():
             per_broker: dict[str, dict[str, int]] = {}
@@ -230,6 +261,8 @@ class RouteResolver:
             if resp.status_code in (200, 204):
                 return
             err = problem_of(resp, f"commit offsets of {group}")
+            if isinstance(err, ACCESS_ERRORS):
+                raise err
             if err.code == "NOT_MASTER" and err.problem.get("masterAddr"):
                 resp = self._http.put(
                     f"{base_url(err.problem['masterAddr'])}/consumers/{group}/offsets", json=body

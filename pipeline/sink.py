@@ -40,6 +40,7 @@ from client.errors import (
 )
 from client.outcome import Delivery, RequestPhase, delivery_of_answer, phase_of
 from client.producer import Message
+from pipeline.access import Access
 from pipeline.routes import PERM_WRITE, BrokerSetRoute, RouteResolver, base_url, option_addrs, problem_of
 from pipeline.worker import freeze_worker_heap
 
@@ -71,6 +72,7 @@ class SinkOptions:
     batch_size: int
     produce_timeout_ms: int
     write_id: str
+    access: Access = field(default_factory=Access)  # token and TLS (pipeline/access.py)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> SinkOptions:
@@ -100,7 +102,8 @@ class SinkOptions:
             raise ValueError("ledgermq sink: 'batchSize' and 'produceTimeoutMs' must be positive")
         # Batch writes have no query/batch id: one id per write job (set it to make re-runs idempotent).
         write_id = options.get("writeId") or uuid.uuid4().hex
-        return cls(namesrv, brokers, topic, batch_size, timeout_ms, write_id)
+        access = Access.parse(options, "ledgermq sink")
+        return cls(namesrv, brokers, topic, batch_size, timeout_ms, write_id, access)
 
 
 class _Producer:
@@ -117,8 +120,8 @@ class _Producer:
         self.opts = opts
         self.key_prefix = key_prefix
         self.partition_id = partition_id
-        self.http = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
-        self.resolver = RouteResolver(opts.namesrv_addrs, opts.broker_addrs)
+        self.http = opts.access.http_client(httpx.Timeout(30.0, connect=5.0))
+        self.resolver = RouteResolver(opts.namesrv_addrs, opts.broker_addrs, access=opts.access)
         self.homes: dict[str, BrokerSetRoute] = {}  # topic → this task's broker set
 
     def close(self) -> None:
@@ -187,7 +190,7 @@ class _Producer:
                 if delivery_of_answer(resp.status_code, last.problem) is Delivery.MAYBE:
                     maybe = maybe or last
                 if last.code not in _RETRYABLE_CODES and resp.status_code not in (502, 503, 504):
-                    raise self._failure(topic, home, messages, last, maybe, attempt)
+                    raise self._failure(topic, home, messages, last, maybe, attempt + 1)
                 master = last.problem.get("masterAddr")
                 if last.code == "NOT_MASTER" and master:
                     addrs = [base_url(master)] + [a for a in addrs if a != base_url(master)]

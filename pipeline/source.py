@@ -34,6 +34,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from client.errors import LedgerMQError
+from pipeline.access import Access
 from pipeline.fetch import FetchOptions, QueuePartition, read_partition
 from pipeline.offsets import (
     DataLossError,
@@ -108,6 +109,7 @@ class SourceOptions:
     consumer_group: str | None
     filter_type: str | None
     filter_expression: str | None
+    access: Access
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -147,6 +149,7 @@ class SourceOptions:
             consumer_group=options.get("consumerGroup") or None,
             filter_type=_filter_type(options.get("filterType")),
             filter_expression=options.get("filterExpression") or None,
+            access=Access.parse(options, "ledgermq"),
         )
 
     def fetch_options(self) -> FetchOptions:
@@ -160,6 +163,7 @@ class SourceOptions:
             self.include_properties,
             self.filter_type,
             self.filter_expression,
+            self.access,
         )
 
 
@@ -174,7 +178,8 @@ class _Planner:
     @property
     def resolver(self) -> RouteResolver:
         if self._resolver is None:
-            self._resolver = RouteResolver(self.opts.namesrv_addrs, self.opts.broker_addrs)
+            opts = self.opts
+            self._resolver = RouteResolver(opts.namesrv_addrs, opts.broker_addrs, access=opts.access)
         return self._resolver
 
     def close(self) -> None:

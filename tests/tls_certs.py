@@ -1,12 +1,18 @@
 """A throwaway PKI for TLS tests, made with the `openssl` command: a CA, a server certificate for
-127.0.0.1/localhost and a client certificate signed by it, and a second CA nobody trusts."""
+127.0.0.1/localhost and a client certificate signed by it, and a second CA nobody trusts; and
+`wait_https`, for a process serving HTTPS to come up."""
 
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
 
 _EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
 
@@ -21,6 +27,57 @@ class Pki:
     rogue_ca: Path  # a CA that signed nothing of ours
     rogue_cert: Path  # a client certificate from the rogue CA
     rogue_key: Path
+
+    def server_keys(self) -> dict[str, str]:
+        """The `.properties` keys of a listener serving HTTPS only, with this PKI's certificate."""
+        return {
+            "tls.server.mode": "enforcing",
+            "tls.server.certPath": str(self.server_cert),
+            "tls.server.keyPath": str(self.server_key),
+        }
+
+
+def wait_https(
+    url: str, ca: str, proc, timeout_s: float = 20, ok: Callable[[httpx.Response], bool] | None = None
+) -> None:
+    """Until `url` answers 200 (or `ok`) over TLS verified against `ca`; fails if `proc` exits."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"exited with {proc.returncode}"
+        try:
+            r = httpx.get(url, verify=ssl.create_default_context(cafile=ca), timeout=2)
+            if (ok or (lambda r: r.status_code == 200))(r):
+                return
+            last = r.text[:200]
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise AssertionError(f"{url}: {last}")
+
+
+def start_https_namesrv_and_broker(group, d: Path, pki: Pki, **broker_keys: str) -> tuple[str, str]:
+    """A name server and a single-node broker (`conf/broker-single.conf` + `broker_keys`) in
+    `group`, both serving HTTPS only, the broker registering over HTTPS; their `host:port`."""
+    from tests.integration._ledgermq_procs import CONF, free_port, write_conf
+
+    ns_port, b_port = free_port(), free_port()
+    ns_values = {"listenPort": str(ns_port), **pki.server_keys()}
+    ns_conf = write_conf(CONF / "namesrv.conf", d / "namesrv.conf", ns_values)
+    namesrv = group.start("namesrv", "namesrv", "-c", str(ns_conf))
+    wait_https(f"https://127.0.0.1:{ns_port}/health", str(pki.ca), namesrv)
+    b_conf = write_conf(CONF / "broker-single.conf", d / "broker.conf", {
+        "listenPort": str(b_port),
+        "storePathRootDir": str(d / "store"),
+        "namesrvAddr": f"127.0.0.1:{ns_port}",
+        **pki.server_keys(),
+        "tls.enable": "true",
+        "tls.client.trustCertPath": str(pki.ca),
+        **broker_keys,
+    })
+    broker = group.start("broker", "broker", "-c", str(b_conf))
+    wait_https(f"https://127.0.0.1:{b_port}/health", str(pki.ca), broker)
+    return f"127.0.0.1:{ns_port}", f"127.0.0.1:{b_port}"
 
 
 def _run(*args: str, cwd: Path) -> None:

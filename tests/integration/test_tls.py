@@ -17,67 +17,30 @@ import pytest
 from client import PullConsumer, SimpleConsumer
 from client.mqadmin import main as mqadmin
 from client.producer import Producer
-from tests.integration._ledgermq_procs import CONF, ProcessGroup, free_port, write_conf
-from tests.tls_certs import make_pki
+from tests.integration._ledgermq_procs import ProcessGroup, free_port
+from tests.tls_certs import make_pki, start_https_namesrv_and_broker, wait_https
 
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
-
-
-def _wait_https(url: str, ca: str, proc, timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"exited with {proc.returncode}"
-        try:
-            if httpx.get(url, verify=ssl.create_default_context(cafile=ca), timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError as exc:
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"{url}: {last}")
 
 
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("tls")
     pki = make_pki(d / "pki")
-    server_tls = {
-        "tls.server.mode": "enforcing",
-        "tls.server.certPath": str(pki.server_cert),
-        "tls.server.keyPath": str(pki.server_key),
-    }
     group = ProcessGroup(d)
     try:
-        ns_port, b_port = free_port(), free_port()
-        ns_values = {"listenPort": str(ns_port), **server_tls}
-        ns_conf = write_conf(CONF / "namesrv.conf", d / "namesrv.conf", ns_values)
-        ns = group.start("namesrv", "namesrv", "-c", str(ns_conf))
-        _wait_https(f"https://127.0.0.1:{ns_port}/health", str(pki.ca), ns)
-        b_conf = write_conf(
-            CONF / "broker-single.conf",
-            d / "broker.conf",
-            {
-                "listenPort": str(b_port),
-                "storePathRootDir": str(d / "store"),
-                "namesrvAddr": f"127.0.0.1:{ns_port}",
-                **server_tls,
-                "tls.enable": "true",
-                "tls.client.trustCertPath": str(pki.ca),
-            },
-        )
-        broker = group.start("broker", "broker", "-c", str(b_conf))
-        _wait_https(f"https://127.0.0.1:{b_port}/health", str(pki.ca), broker)
+        ns, broker = start_https_namesrv_and_broker(group, d, pki)
         c_port = free_port()
         console = group.start(
-            "console", "console", "-n", f"127.0.0.1:{ns_port}", "--port", str(c_port),
+            "console", "console", "-n", ns, "--port", str(c_port),
             "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--ca-file", str(pki.ca),
         )
-        _wait_https(f"https://127.0.0.1:{c_port}/health", str(pki.ca), console)
+        wait_https(f"https://127.0.0.1:{c_port}/health", str(pki.ca), console)
         yield {
             "group": group,
             "pki": pki,
-            "ns": f"127.0.0.1:{ns_port}",
-            "broker": f"127.0.0.1:{b_port}",
+            "ns": ns,
+            "broker": broker,
             "console": f"127.0.0.1:{c_port}",
         }
     finally:
