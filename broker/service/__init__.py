@@ -132,10 +132,12 @@ class BrokerServices:
 
     async def start(self) -> None:
         """Start the services' background work (timer firing, transaction checks: master only);
-        after the controller has started."""
+        after the controller has started; the ACL file's watch."""
         await self.message_model.start()
+        self.acl.start_watching()
 
     async def stop(self) -> None:
+        await self.acl.stop_watching()
         await self.message_model.stop()
 
     def snapshot(self) -> dict[str, Any]:

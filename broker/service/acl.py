@@ -23,8 +23,11 @@ through and `authenticate` answers `ANONYMOUS` without looking at the value.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import hmac
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,11 @@ from typing import Any
 import orjson
 
 from broker.errors import BrokerCode, BrokerError
+
+log = logging.getLogger(__name__)
+
+# How often the ACL file is checked for changes (RocketMQ's FileWatchService: 500 ms).
+RELOAD_INTERVAL_S = 1.0
 
 
 class Right(enum.Flag):
@@ -88,9 +96,13 @@ class AccessControl:
     """Token → account (`authenticate`, 401), account → right (`authorize`, 403).
     Callers: the front-ends (`authenticate`), the services (`authorize`)."""
 
-    def __init__(self, accounts: list[Account], *, enabled: bool = True) -> None:
+    def __init__(self, accounts: list[Account], *, enabled: bool = True, path: Path | None = None) -> None:
         self.accounts = accounts
         self.enabled = enabled
+        self.path = path  # the file `reload_if_changed` watches
+        self._stamp: tuple[int, int, int] | None = None
+        self._refused_stamp: tuple[int, int, int] | None = None
+        self._watch: asyncio.Task[None] | None = None
 
     @classmethod
     def disabled(cls) -> AccessControl:
@@ -100,34 +112,54 @@ class AccessControl:
     @classmethod
     def load(cls, path: str | Path) -> AccessControl:
         """Parse the ACL file; ValueError names the file and the bad entry."""
+        path = Path(path)
+        stamp = _stamp(path)  # before the read: a change during it is read again
+        control = cls(_parse_accounts(path), path=path)
+        control._stamp = stamp
+        return control
+
+    def reload_if_changed(self) -> bool:
+        """Read the file again when it changed since it was last read (RocketMQ's plain ACL
+        watches its file the same way): accounts added, rights changed or tokens revoked apply
+        to the next request, without a restart. A file that cannot be read or parsed leaves the
+        accounts in force (so a half-written file never locks everyone out) and is logged once
+        per version of the file; True when the accounts were replaced."""
+        if self.path is None:
+            return False
+        stamp = _stamp(self.path)
+        if stamp == self._stamp or stamp == self._refused_stamp:
+            return False
         try:
-            doc = orjson.loads(Path(path).read_bytes())
-        except (OSError, orjson.JSONDecodeError) as exc:
-            raise ValueError(f"aclConfigFile {path}: {exc}") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("accounts"), list):
-            raise ValueError(f'aclConfigFile {path}: expected {{"accounts": [...]}}')
-        accounts = []
-        for i, a in enumerate(doc["accounts"]):
-            where = f"aclConfigFile {path}: accounts[{i}]"
-            if not isinstance(a, dict) or not isinstance(a.get("token"), str) or not a["token"]:
-                raise ValueError(f"{where}: needs a non-empty 'token'")
-            accounts.append(
-                Account(
-                    name=str(a.get("name", f"account{i}")),
-                    token=a["token"],
-                    admin=bool(a.get("admin", False)),
-                    monitor=bool(a.get("monitor", False)),
-                    topic_perms={
-                        k: _parse_right(v, f"{where}.topicPerms.{k}")
-                        for k, v in (a.get("topicPerms") or {}).items()
-                    },
-                    group_perms={
-                        k: _parse_right(v, f"{where}.groupPerms.{k}")
-                        for k, v in (a.get("groupPerms") or {}).items()
-                    },
-                )
-            )
-        return cls(accounts)
+            accounts = _parse_accounts(self.path)
+        except ValueError as exc:
+            self._refused_stamp = stamp
+            kept = len(self.accounts)
+            log.error("event=acl_reload_failed file=%s keptAccounts=%d error=%s", self.path, kept, exc)
+            return False
+        self.accounts, self._stamp, self._refused_stamp = accounts, stamp, None
+        log.info("event=acl_reloaded file=%s accounts=%d", self.path, len(accounts))
+        return True
+
+    def start_watching(self, interval_s: float = RELOAD_INTERVAL_S) -> None:
+        """Check the file for changes every `interval_s` on the running loop (nothing to watch
+        with ACL off)."""
+        if self.path is not None and self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_file(interval_s))
+
+    async def stop_watching(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
+
+    async def _watch_file(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                self.reload_if_changed()
+            except Exception:  # never let one bad round end the watch
+                log.exception("event=acl_reload_error file=%s", self.path)
 
     def authenticate(self, authorization: str | None) -> Account:
         """The account of an `Authorization: Bearer <token>` value; UNAUTHORIZED without one."""
@@ -176,3 +208,44 @@ class AccessControl:
             raise BrokerError(
                 BrokerCode.FORBIDDEN, f"account {account.name!r} lacks SUB on group {group!r}", group=group
             )
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells a new version of the file: inode (an editor's rename), mtime and size."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _parse_accounts(path: Path) -> list[Account]:
+    """The accounts of the ACL file; ValueError names the file and the bad entry."""
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise ValueError(f"aclConfigFile {path}: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("accounts"), list):
+        raise ValueError(f'aclConfigFile {path}: expected {{"accounts": [...]}}')
+    accounts = []
+    for i, a in enumerate(doc["accounts"]):
+        where = f"aclConfigFile {path}: accounts[{i}]"
+        if not isinstance(a, dict) or not isinstance(a.get("token"), str) or not a["token"]:
+            raise ValueError(f"{where}: needs a non-empty 'token'")
+        accounts.append(
+            Account(
+                name=str(a.get("name", f"account{i}")),
+                token=a["token"],
+                admin=bool(a.get("admin", False)),
+                monitor=bool(a.get("monitor", False)),
+                topic_perms={
+                    k: _parse_right(v, f"{where}.topicPerms.{k}")
+                    for k, v in (a.get("topicPerms") or {}).items()
+                },
+                group_perms={
+                    k: _parse_right(v, f"{where}.groupPerms.{k}")
+                    for k, v in (a.get("groupPerms") or {}).items()
+                },
+            )
+        )
+    return accounts

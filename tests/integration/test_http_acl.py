@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -45,7 +46,7 @@ def broker(tmp_path_factory):
         url = f"http://{addr}"
         r = httpx.put(f"{url}/topics/orders", json={}, headers={"authorization": "Bearer admin-tok"})
         assert r.status_code == 200, r.text
-        yield {"url": url, "addr": addr, "group": group}
+        yield {"url": url, "addr": addr, "group": group, "acl": acl}
     finally:
         group.stop_all()
 
@@ -135,3 +136,38 @@ def test_metrics_and_status_need_the_monitoring_right(broker):
     assert r.status_code == 403
     assert httpx.get(f"{url}/topics/orders/queues/0/messages", headers=h("mon-tok")).status_code == 403
     assert httpx.get(f"{url}/health").status_code == 200  # liveness stays open
+
+
+def _until(check, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_the_acl_file_is_read_again_when_it_changes(broker):
+    """An operator adds an application, revokes a token, saves a broken file and fixes it, with
+    the broker running: each applies to the next requests (a broken file keeps what was in force)."""
+    url, acl = broker["url"], broker["acl"]
+
+    def produce(token: str) -> int:
+        body = {"messages": [{"body": "reload"}]}
+        return httpx.post(f"{url}/topics/orders/messages", json=body, headers=h(token)).status_code
+
+    assert produce("late-tok") == 401
+    late = {"name": "late-app", "token": "late-tok", "topicPerms": {"orders": "PUB"}}
+    try:
+        acl.write_text(json.dumps({"accounts": [*ACCOUNTS["accounts"], late]}))
+        _until(lambda: produce("late-tok") == 200, "a new account works without a restart")
+        without_orders_app = [a for a in ACCOUNTS["accounts"] if a["name"] != "orders-app"]
+        acl.write_text(json.dumps({"accounts": [*without_orders_app, late]}))
+        _until(lambda: produce("pub-tok") == 401, "a revoked token is refused without a restart")
+
+        acl.write_text('{"accounts": [{"name": "half-saved')
+        _until(lambda: "event=acl_reload_failed" in broker["group"].log_text("broker-acl"),
+               "a broken file is reported")
+        assert produce("late-tok") == 200 and produce("admin-tok") == 200  # kept in force
+        assert produce("pub-tok") == 401
+    finally:
+        acl.write_text(json.dumps(ACCOUNTS))
+    _until(lambda: produce("pub-tok") == 200 and produce("late-tok") == 401, "the original file in force")
