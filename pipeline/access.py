@@ -3,8 +3,8 @@
 option names.
 
 - ``token``: the ACL bearer token (``aclEnable=true`` on the brokers) sent with every request.
-  Spark redacts options whose name matches ``spark.redaction.regex`` (``token`` does) in plans and
-  the UI, and so does this object's ``repr``.
+  Spark's query plans do not show a Python data source's options, and this object's ``repr``
+  leaves the token out.
 - ``caFile``: a PEM CA bundle. With it, every name server and broker is spoken to over TLS and
   verified against it, ``host:port`` addresses included (as name servers hand them out), like the
   SDK's ``ca_file``. Without it, only ``https://`` addresses use TLS, against the system's CAs.
