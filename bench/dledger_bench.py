@@ -9,9 +9,11 @@ bench/results/dledger_bench.json.
 `--peer-auth` measures what peer authentication costs instead: the same quick cases on a group
 without and with a peer secret back to back (every member and the client authenticate), and the
 connection setup (TCP connect + handshake + one metadata request on a fresh connection, p50/p99)
-of each; writes bench/results/dledger_peer_auth.json.
+of each; writes bench/results/dledger_peer_auth.json. `--peer-tls` does the same for peer TLS
+(mutual TLS 1.3 on every member's links and the client's, a throwaway CA made with `openssl`);
+writes bench/results/dledger_peer_tls.json.
 
-    .venv/bin/python bench/dledger_bench.py [--seconds 3] [--quick] [--peer-auth]
+    .venv/bin/python bench/dledger_bench.py [--seconds 3] [--quick] [--peer-auth | --peer-tls]
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from dledger.codes import DLedgerException  # noqa: E402
 from dledger.rpc.auth import PeerAuth  # noqa: E402
 from dledger.rpc.protocol import MetadataRequest  # noqa: E402
 from dledger.rpc.tcp import TcpRpcService  # noqa: E402
+from dledger.rpc.tls import PeerTls  # noqa: E402
 
 GROUP = "bench"
 
@@ -51,12 +54,14 @@ def free_ports(n: int) -> list[int]:
 
 
 class Cluster:
-    def __init__(self, flush: str, base: Path, secret: str | None = None) -> None:
+    def __init__(self, flush: str, base: Path, secret: str | None = None,
+                 tls: tuple[str, str, str] | None = None) -> None:
         self.ids = ["n0", "n1", "n2"]
         self.peers = ";".join(f"{m}-127.0.0.1:{p}" for m, p in zip(self.ids, free_ports(3), strict=True))
         self.flush = flush
         self.base = base
         self.secret = secret  # a peer secret file: members authenticate every connection
+        self.tls = tls  # (certificate, key, CA): peer TLS on every link
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> None:
@@ -67,6 +72,9 @@ class Cluster:
             cmd += ["--log-level", "WARNING"]
             if self.secret:
                 cmd += ["--peer-secret-file", self.secret]
+            if self.tls:
+                cert, key, ca = self.tls
+                cmd += ["--peer-tls-cert", cert, "--peer-tls-key", key, "--peer-tls-ca", ca]
             prof_dir = os.environ.get("DLEDGER_BENCH_PROFILE")  # cProfile each member into this dir
             if prof_dir:
                 cmd[1:1] = ["-m", "cProfile", "-o", os.path.join(prof_dir, f"{m}.prof")]
@@ -148,7 +156,8 @@ def write_secret(path: Path) -> str:
     return str(path)
 
 
-async def connection_setup(peers: str, leader: str, secret: str | None, n: int) -> dict:
+async def connection_setup(peers: str, leader: str, secret: str | None, n: int,
+                           tls: tuple[str, str, str] | None = None) -> dict:
     """Fresh connections to the leader: TCP connect (+ handshake) + one metadata request each."""
     from dledger.config import parse_peers
 
@@ -156,7 +165,8 @@ async def connection_setup(peers: str, leader: str, secret: str | None, n: int) 
     times: list[float] = []
     for i in range(n):
         auth = PeerAuth.from_file(GROUP, f"bench-{i}", secret) if secret else None
-        rpc = TcpRpcService(GROUP, f"bench-{i}", peer_map, listen=False, auth=auth)
+        peer_tls = PeerTls(GROUP, f"bench-{i}", *tls) if tls else None
+        rpc = TcpRpcService(GROUP, f"bench-{i}", peer_map, listen=False, auth=auth, tls=peer_tls)
         t0 = time.perf_counter()
         await rpc.metadata(leader, MetadataRequest(group=GROUP, remote_id=leader, local_id=f"bench-{i}"), 5.0)
         times.append(time.perf_counter() - t0)
@@ -167,15 +177,23 @@ async def connection_setup(peers: str, leader: str, secret: str | None, n: int) 
 
 
 async def bench_cluster(flush: str, cases: list[tuple[int, int, int]], seconds: float,
-                        peer_auth: bool = False, setup_connections: int = 0) -> dict:
+                        peer_auth: bool = False, setup_connections: int = 0, peer_tls: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="dledger-bench-") as tmp:
         secret = None
         if peer_auth:
             secret = write_secret(Path(tmp) / "peer.secret")
-        cluster = Cluster(flush, Path(tmp), secret)
+        tls = None
+        if peer_tls:
+            from tests.tls_certs import make_pki
+
+            pki = make_pki(Path(tmp) / "pki")
+            tls = (str(pki.peer_cert), str(pki.peer_key), str(pki.ca))
+        label = " auth" if peer_auth else " tls" if peer_tls else ""
+        cluster = Cluster(flush, Path(tmp), secret, tls)
         cluster.start()
         try:
-            async with DLedgerClient(GROUP, cluster.peers, timeout_s=10.0, peer_secret_file=secret) as c:
+            async with DLedgerClient(GROUP, cluster.peers, timeout_s=10.0, peer_secret_file=secret,
+                                     peer_tls=tls) as c:
                 await c.find_leader()
                 await c.append([b"warmup"] * 100)
                 term0 = (await c.metadata(c.leader_id))["term"]  # type: ignore[arg-type]
@@ -197,7 +215,7 @@ async def bench_cluster(flush: str, cases: list[tuple[int, int, int]], seconds: 
                     # Resident memory must not grow with the number of stored entries (leader cache).
                     r["rss_mb"] = {m: rss_mb(p.pid) for m, p in zip(cluster.ids, cluster.procs, strict=True)}
                     results.append(r)
-                    print(f"{flush:11}{' auth' if peer_auth else ''} body={body:5} inflight={inflight:4} "
+                    print(f"{flush:11}{label} body={body:5} inflight={inflight:4} "
                           f"batch={batch:4} "
                           f"{r['entries_per_s']:>8}/s p50={r['p50_ms']:>7}ms p99={r['p99_ms']:>7}ms "
                           f"errors={r['errors']} rss_mb={max(r['rss_mb'].values())} "
@@ -208,9 +226,9 @@ async def bench_cluster(flush: str, cases: list[tuple[int, int, int]], seconds: 
                        "committed": [md["committedIndex"] for md in mds]}  # fmt: skip
                 if setup_connections:
                     setup = await connection_setup(cluster.peers, c.leader_id, secret,  # type: ignore[arg-type]
-                                                   setup_connections)
-                    print(f"{flush:11}{' auth' if peer_auth else ''} connection setup (connect"
-                          f"{' + handshake' if peer_auth else ''} + 1 request): p50={setup['p50_ms']}ms "
+                                                   setup_connections, tls)
+                    print(f"{flush:11}{label} connection setup (connect"
+                          f"{' + handshake' if label else ''} + 1 request): p50={setup['p50_ms']}ms "
                           f"p99={setup['p99_ms']}ms over {setup['connections']}", flush=True)
                     out["connection_setup"] = setup
                 return out
@@ -232,6 +250,10 @@ async def main_async(args: argparse.Namespace) -> dict:
         quick = [(1024, 16, 1), (1024, 16, 100)]
         return {"plain": await bench_cluster("ASYNC_FLUSH", quick, args.seconds, False, 200),
                 "auth": await bench_cluster("ASYNC_FLUSH", quick, args.seconds, True, 200)}
+    if args.peer_tls:
+        quick = [(1024, 16, 1), (1024, 16, 100)]
+        return {"plain": await bench_cluster("ASYNC_FLUSH", quick, args.seconds, False, 200),
+                "tls": await bench_cluster("ASYNC_FLUSH", quick, args.seconds, False, 200, peer_tls=True)}
     out = {"async": await bench_cluster("ASYNC_FLUSH", cases, args.seconds)}
     out["sync"] = await bench_cluster("SYNC_FLUSH", sync_cases, args.seconds)
     return out
@@ -243,6 +265,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--soak", type=float, default=0.0, help="only a SECONDS-long full-load run (elections)")
     p.add_argument("--peer-auth", action="store_true", help="plain vs authenticated peers, back to back")
+    p.add_argument("--peer-tls", action="store_true", help="plain vs TLS peer links, back to back")
     args = p.parse_args()
     try:
         import uvloop
@@ -254,7 +277,7 @@ def main() -> None:
     results_dir = REPO / "bench" / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
     name = ("dledger_soak.json" if args.soak else "dledger_peer_auth.json" if args.peer_auth
-            else "dledger_bench.json")
+            else "dledger_peer_tls.json" if args.peer_tls else "dledger_bench.json")
     (results_dir / name).write_text(json.dumps(out, indent=2))
     elections = {
         k: v["elections_during_run"] for k, v in out.items() if isinstance(v, dict) and "results" in v

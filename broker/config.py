@@ -20,6 +20,7 @@ from typing import Any
 from broker.topics import PERM_READ, PERM_WRITE
 from dledger.config import DLedgerConfig, parse_peers
 from dledger.rpc.auth import load_peer_keys
+from dledger.rpc.tls import check_peer_tls_files
 from listener.config import (
     CLIENT_KEYS,
     SERVER_KEYS,
@@ -180,6 +181,10 @@ KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "maxPendingRequestsNum": ("max_pending_requests_num", _pos_int),  # DLedger's; entries, not calls
     "peerSecretFile": ("peer_secret_file", _path),  # DLedger peer authentication (dledger/rpc/auth.py)
     "peerHandshakeTimeoutMs": ("peer_handshake_timeout_ms", _pos_int),
+    # DLedger peer TLS (dledger/rpc/tls.py): this member's certificate and key, the set's CA.
+    "peerTlsCertPath": ("peer_tls_cert_path", _path),
+    "peerTlsKeyPath": ("peer_tls_key_path", _path),
+    "peerTlsTrustCertPath": ("peer_tls_trust_cert_path", _path),
     "autoCreateTopicEnable": ("auto_create_topic_enable", _bool),
     "defaultTopicQueueNums": ("default_topic_queue_nums", _pos_int),
     "maxMessageSize": ("max_message_size", _pos_int),
@@ -270,6 +275,9 @@ class BrokerConfig:
     max_pending_requests_num: int = 10_000  # entries the master may hold uncommitted (LEADER_PENDING_FULL)
     peer_secret_file: str = ""  # the set's shared keys for DLedger peer links; "" = no peer authentication
     peer_handshake_timeout_ms: int = 5000
+    peer_tls_cert_path: str = ""  # "" (all three) = plaintext DLedger peer links
+    peer_tls_key_path: str = ""
+    peer_tls_trust_cert_path: str = ""
     auto_create_topic_enable: bool = True
     default_topic_queue_nums: int = 8
     max_message_size: int = 4 * 1024 * 1024
@@ -390,6 +398,22 @@ class BrokerConfig:
                     load_peer_keys(self.peer_secret_file)
                 except ValueError as exc:
                     raise ConfigError(self.source, "peerSecretFile", str(exc)) from None
+            self._check_peer_tls()
+
+    def _check_peer_tls(self) -> None:
+        """All three peer TLS keys or none, each file loadable; ConfigError naming the key."""
+        keys = {"peerTlsCertPath": self.peer_tls_cert_path, "peerTlsKeyPath": self.peer_tls_key_path,
+                "peerTlsTrustCertPath": self.peer_tls_trust_cert_path}
+        if not any(keys.values()):
+            return
+        for key, value in keys.items():
+            if not value:
+                raise ConfigError(self.source, key, "peer TLS needs peerTlsCertPath, peerTlsKeyPath and "
+                                                    "peerTlsTrustCertPath together")
+        try:
+            check_peer_tls_files(*keys.values())
+        except ValueError as exc:
+            raise ConfigError(self.source, "peerTlsCertPath", str(exc)) from None
 
     @property
     def disk_full_ratio(self) -> float:
@@ -430,6 +454,9 @@ class BrokerConfig:
             flush_disk_type=self.flush_disk_type,
             peer_secret_file=self.peer_secret_file or None,
             peer_handshake_timeout_ms=self.peer_handshake_timeout_ms,
+            peer_tls_cert_file=self.peer_tls_cert_path or None,
+            peer_tls_key_file=self.peer_tls_key_path or None,
+            peer_tls_ca_file=self.peer_tls_trust_cert_path or None,
         )
 
 

@@ -39,6 +39,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--delete-when", default=None, help="deleteWhen: hours of day retention runs, e.g. 04;16")
     p.add_argument("--peer-secret-file", default=None,
                    help="authenticate peer connections with the group's shared keys in this file (mode 600)")
+    p.add_argument("--peer-tls-cert", default=None,
+                   help="peer TLS: this member's PEM certificate (serverAuth and clientAuth), "
+                        "with --peer-tls-key and --peer-tls-ca")
+    p.add_argument("--peer-tls-key", default=None, help="peer TLS: the certificate's PEM key")
+    p.add_argument("--peer-tls-ca", default=None,
+                   help="peer TLS: the PEM CA every member's certificate chains to")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -53,6 +59,9 @@ def build_config(args: argparse.Namespace) -> DLedgerConfig:
         flush_disk_type=args.flush_disk_type,
         preferred_leader_ids=args.preferred_leader_ids,
         peer_secret_file=args.peer_secret_file,
+        peer_tls_cert_file=args.peer_tls_cert,
+        peer_tls_key_file=args.peer_tls_key,
+        peer_tls_ca_file=args.peer_tls_ca,
         enable_snapshot=args.enable_snapshot,
     )
     if args.data_file_size:

@@ -29,6 +29,7 @@ from dledger.rpc.protocol import (
     MetadataRequest,
 )
 from dledger.rpc.tcp import TcpRpcService
+from dledger.rpc.tls import PeerTls
 
 _RETRY_CODES = frozenset(
     (
@@ -44,14 +45,16 @@ class DLedgerClient:
     """Client of one DLedger group (`peers` as `n0-host:port;...` or a dict)."""
 
     def __init__(self, group: str, peers: str | dict[str, str], *, timeout_s: float = 5.0,
-                 peer_secret_file: str | None = None) -> None:
+                 peer_secret_file: str | None = None, peer_tls: tuple[str, str, str] | None = None) -> None:
         self.group = group
         self.peers = parse_peers(peers) if isinstance(peers, str) else dict(peers)
         self.timeout_s = timeout_s
         self.client_id = f"client-{os.getpid()}-{id(self):x}"
         # A group whose members authenticate peers takes clients holding the same secret.
         auth = PeerAuth.from_file(group, self.client_id, peer_secret_file) if peer_secret_file else None
-        self.rpc = TcpRpcService(group, self.client_id, self.peers, listen=False, auth=auth)
+        # A group with peer TLS takes clients with a certificate from its CA: (cert, key, CA) files.
+        tls = PeerTls(group, self.client_id, *peer_tls) if peer_tls else None
+        self.rpc = TcpRpcService(group, self.client_id, self.peers, listen=False, auth=auth, tls=tls)
         self.leader_id: str | None = None
         self._rr = itertools.cycle(list(self.peers))
 

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from dledger.rpc.auth import PeerAuth, load_peer_keys
+from dledger.rpc.tls import PeerTls, check_peer_tls_files
 
 
 def parse_peers(peers: str) -> dict[str, str]:
@@ -85,6 +86,11 @@ class DLedgerConfig:
     # (loopback, or a network nobody else reaches). Broker keys peerSecretFile / peerHandshakeTimeoutMs.
     peer_secret_file: str | None = None
     peer_handshake_timeout_ms: int = 5000
+    # Peer TLS (dledger/rpc/tls.py): this member's certificate and key, and the group's CA; all
+    # three or none (plaintext links). Broker keys peerTlsCertPath / peerTlsKeyPath / peerTlsTrustCertPath.
+    peer_tls_cert_file: str | None = None
+    peer_tls_key_file: str | None = None
+    peer_tls_ca_file: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -132,6 +138,20 @@ class DLedgerConfig:
             load_peer_keys(self.peer_secret_file)  # raises ValueError naming the file and the problem
         if self.peer_handshake_timeout_ms <= 0:
             raise ValueError(f"peerHandshakeTimeoutMs {self.peer_handshake_timeout_ms}: expected > 0")
+        tls_files = (self.peer_tls_cert_file, self.peer_tls_key_file, self.peer_tls_ca_file)
+        if any(tls_files):
+            if not all(tls_files):
+                got = (f"certificate={self.peer_tls_cert_file!r}, key={self.peer_tls_key_file!r}, "
+                       f"CA={self.peer_tls_ca_file!r}")
+                raise ValueError(f"peer TLS needs the certificate, its key and the CA, all three (got {got})")
+            check_peer_tls_files(*tls_files)  # type: ignore[arg-type]
+
+    def peer_tls(self) -> PeerTls | None:
+        """This member's TLS on its peer links (None: plaintext)."""
+        if not (self.peer_tls_cert_file and self.peer_tls_key_file and self.peer_tls_ca_file):
+            return None
+        return PeerTls(self.group, self.self_id, self.peer_tls_cert_file, self.peer_tls_key_file,
+                       self.peer_tls_ca_file)
 
     def peer_auth(self) -> PeerAuth | None:
         """The handshake of this member's connections (None when peer authentication is off)."""

@@ -116,7 +116,8 @@ class DLedgerServer:
             from dledger.rpc.tcp import TcpRpcService
 
             rpc = TcpRpcService(config.group, config.self_id, config.peer_map, auth=config.peer_auth(),
-                                handshake_timeout_s=config.peer_handshake_timeout_ms / 1000)
+                                handshake_timeout_s=config.peer_handshake_timeout_ms / 1000,
+                                tls=config.peer_tls())
         self.rpc = rpc
         self._clock = clock
         self.rng = rng or random.Random()

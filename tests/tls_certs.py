@@ -1,5 +1,6 @@
 """A throwaway PKI for TLS tests, made with the `openssl` command: a CA, a server certificate for
-127.0.0.1/localhost and a client certificate signed by it, and a second CA nobody trusts; and
+127.0.0.1/localhost, a client certificate and a DLedger peer's (both uses) signed by it, and a
+second CA nobody trusts with a client and a peer certificate of its own; and
 `wait_https`, for a process serving HTTPS to come up."""
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ class Pki:
     rogue_ca: Path  # a CA that signed nothing of ours
     rogue_cert: Path  # a client certificate from the rogue CA
     rogue_key: Path
+    peer_cert: Path  # serverAuth and clientAuth: a DLedger member's certificate for peer TLS
+    peer_key: Path
+    rogue_peer_cert: Path  # the same from the rogue CA
+    rogue_peer_key: Path
 
     def server_keys(self) -> dict[str, str]:
         """The `.properties` keys of a listener serving HTTPS only, with this PKI's certificate."""
@@ -116,4 +121,6 @@ def make_pki(d: Path) -> Pki:
     client = _leaf(d, "client", ca, "clientAuth")
     rogue = _ca(d, "rogue-ca")
     rogue_client = _leaf(d, "rogue-client", rogue, "clientAuth")
-    return Pki(ca[0], *server, *client, rogue[0], *rogue_client)
+    peer = _leaf(d, "peer", ca, "serverAuth,clientAuth")
+    rogue_peer = _leaf(d, "rogue-peer", rogue, "serverAuth,clientAuth")
+    return Pki(ca[0], *server, *client, rogue[0], *rogue_client, *peer, *rogue_peer)

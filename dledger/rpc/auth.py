@@ -8,7 +8,8 @@ carry the whole replication stream: TLS would cost CPU on every pushed byte of a
 with no certificate authority to run. What it does not give: confidentiality (nothing is
 encrypted) and protection from an attacker *on the path* who can inject into an authenticated
 connection; a leaked secret lets its holder act as any member. Put the links on a private network,
-or in front of TLS, where those matter (docs/PERFORMANCE.md has the measured cost).
+or switch on peer TLS (dledger/rpc/tls.py; the handshake then runs inside it) where those matter
+(docs/PERFORMANCE.md has the measured cost of both).
 
 Handshake (each message: u16 length, then the body; at most `MAX_MESSAGE` bytes)::
 
@@ -126,7 +127,8 @@ class PeerAuth:
         self.self_id = self_id
         self.keys = {key_id(k): k for k in keys}
         self.current_id = key_id(keys[0])
-        self._refusals: dict[tuple[bool, str], tuple[float, int]] = {}  # -> (last logged, left out since)
+        # A connection we refused (`peer_auth_refused`) or one of ours that was refused (`peer_auth_failed`).
+        self.log_refusal = RefusalLog(group, self_id, "peer_auth_refused", "peer_auth_failed")
 
     @classmethod
     def from_file(cls, group: str, self_id: str, path: str) -> PeerAuth:
@@ -138,22 +140,32 @@ class PeerAuth:
     def connector(self, to_id: str) -> Connector:
         return Connector(self, to_id)
 
-    def log_refusal(self, peer: str, why: str, *, outgoing: bool = False) -> None:
-        """One line per failed handshake — a connection we refused (`peer_auth_refused`) or one of
-        ours that was refused (`peer_auth_failed`) — at most one per host and direction every few
-        seconds, naming how many were left out since the last line."""
+
+
+class RefusalLog:
+    """One warning per failed peer handshake (ours refused: `refused_event`; a connection of ours
+    refused: `failed_event`), at most one per host and direction every few seconds, naming how
+    many were left out since the last line: a scan or a misconfigured member cannot flood the log."""
+
+    def __init__(self, group: str, self_id: str, refused_event: str, failed_event: str) -> None:
+        self.group = group
+        self.self_id = self_id
+        self.events = {False: refused_event, True: failed_event}
+        self._last: dict[tuple[bool, str], tuple[float, int]] = {}  # -> (last logged, left out since)
+
+    def __call__(self, peer: str, why: str, *, outgoing: bool = False) -> None:
         host = peer.rpartition(":")[0] or peer
         now = time.monotonic()
-        last, skipped = self._refusals.get((outgoing, host), (0.0, 0))
+        last, skipped = self._last.get((outgoing, host), (0.0, 0))
         if now - last < _REFUSAL_LOG_INTERVAL_S:
-            self._refusals[(outgoing, host)] = (last, skipped + 1)
+            self._last[(outgoing, host)] = (last, skipped + 1)
             return
-        if len(self._refusals) > 1024:  # bounded: a scan from many addresses cannot grow it
-            self._refusals.clear()
-        self._refusals[(outgoing, host)] = (now, 0)
+        if len(self._last) > 1024:  # bounded: a scan from many addresses cannot grow it
+            self._last.clear()
+        self._last[(outgoing, host)] = (now, 0)
         log.warning("event=%s group=%s selfId=%s %s=%s reason=%s leftOutSinceLastLine=%d",
-                    "peer_auth_failed" if outgoing else "peer_auth_refused", self.group, self.self_id,
-                    "to" if outgoing else "from", peer, why, skipped)
+                    self.events[outgoing], self.group, self.self_id, "to" if outgoing else "from", peer, why,
+                    skipped)
 
 
 def read_message(buf: bytes | bytearray | memoryview) -> tuple[int, memoryview, int] | None:

@@ -13,6 +13,8 @@ persistent connections, one per peer, with request ids so many requests share a 
   bytes at most, within `handshake_timeout_s`) until the other side proved it holds the secret,
   so an unauthenticated peer is refused before any request frame is read; afterwards a request
   whose sender is not the authenticated member is refused and the connection closed.
+- With peer TLS (`PeerTls`, dledger/rpc/tls.py) every connection is mutual TLS 1.3 first, its
+  handshake bounded by `handshake_timeout_s`; the HMAC handshake, if on, then runs inside it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import asyncio
 import ipaddress
 import itertools
 import logging
+import socket
+import ssl
 from typing import Any
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
@@ -37,6 +41,7 @@ from dledger.rpc.protocol import (
     encode_frame_parts,
     error_response,
 )
+from dledger.rpc.tls import PeerTls
 
 log = logging.getLogger("dledger.rpc.tcp")
 
@@ -295,12 +300,20 @@ class _ServerConnection(_FrameConnection):
         self.write(encode_frame_parts(KIND_RESPONSE, rid, resp))
 
 
+def _tls_reason(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "no TLS handshake in time"
+    return str(exc) or type(exc).__name__
+
+
 class _ClientConnection(_FrameConnection):
     """Our connection to one peer: (handshake,) requests out, responses matched by request id."""
 
-    def __init__(self, peer_id: str, max_frame_size: int, auth: PeerAuth | None) -> None:
+    def __init__(self, peer_id: str, max_frame_size: int, auth: PeerAuth | None, tls: PeerTls | None) -> None:
         super().__init__(max_frame_size, f"to {peer_id}")
         self.peer_id = peer_id
+        self.tls = tls
+        self.answered = False  # a response came back: the peer accepted us
         self.pending: dict[int, asyncio.Future[Any]] = {}
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.ready.add_done_callback(_consume_exception)  # a failure nobody awaits any more is not an error
@@ -326,6 +339,13 @@ class _ClientConnection(_FrameConnection):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        if self.tls is not None and not self.answered and (self.pending or exc is not None):
+            # TLS 1.3: the peer checks our certificate after our side of the handshake is done, so
+            # its refusal closes the connection here, and the alert's reason is rarely passed on.
+            why = _tls_reason(exc) if isinstance(exc, ssl.SSLError) else (
+                f"{_tls_reason(exc) if exc is not None else 'closed'} after the TLS handshake, before any "
+                "answer: does the peer trust the CA of our certificate?")
+            self.tls.log_refusal(self.peer_id, why, outgoing=True)
         if not self.ready.done():
             self.ready.set_exception(DLedgerException(
                 DLedgerResponseCode.NETWORK_ERROR,
@@ -338,6 +358,7 @@ class _ClientConnection(_FrameConnection):
                 )
 
     def frame_received(self, kind: int, rid: int, msg: RequestOrResponse) -> None:
+        self.answered = True
         fut = self.pending.pop(rid, None)
         if fut is not None and not fut.done():
             fut.set_result(msg)
@@ -363,6 +384,7 @@ class TcpRpcService(RpcService):
     def __init__(
         self, group: str, self_id: str, peers: dict[str, str], *, listen: bool = True,
         max_frame_size: int = MAX_FRAME_SIZE, auth: PeerAuth | None = None, handshake_timeout_s: float = 5.0,
+        tls: PeerTls | None = None,
     ) -> None:  # fmt: skip
         self.group = group
         self.self_id = self_id
@@ -370,6 +392,9 @@ class TcpRpcService(RpcService):
         self.listen = listen
         self.max_frame_size = max_frame_size
         self.auth = auth  # None: no peer authentication (loopback, trusted networks)
+        self.tls = tls  # None: plaintext peer links
+        self.server_ssl = tls.server_context() if tls is not None and listen else None
+        self.client_ssl = tls.client_context() if tls is not None else None
         self.handshake_timeout_s = handshake_timeout_s
         self.pending_handshakes = 0
         self.server: asyncio.base_events.Server | None = None
@@ -383,14 +408,15 @@ class TcpRpcService(RpcService):
         me = self.peers[self.self_id]
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(
-            lambda: _ServerConnection(self), me.host, me.port, reuse_address=True
-        )
-        log.info("listening group=%s selfId=%s on %s:%d peerAuth=%s", self.group, self.self_id, me.host,
-                 me.port, "hmac" if self.auth is not None else "off")
-        if self.auth is None and not _is_loopback(me.host):
+            lambda: _ServerConnection(self), me.host, me.port, reuse_address=True, ssl=self.server_ssl,
+            ssl_handshake_timeout=self.handshake_timeout_s if self.server_ssl is not None else None)
+        log.info("listening group=%s selfId=%s on %s:%d peerAuth=%s peerTls=%s", self.group, self.self_id,
+                 me.host, me.port, "hmac" if self.auth is not None else "off",
+                 "on" if self.tls is not None else "off")
+        if self.auth is None and self.tls is None and not _is_loopback(me.host):
             log.warning("event=peer_auth_off group=%s selfId=%s listen=%s:%d: anyone who reaches this port "
-                        "can vote, push or truncate; set peerSecretFile", self.group, self.self_id, me.host,
-                        me.port)
+                        "can vote, push or truncate; set peerSecretFile (or peer TLS)",
+                        self.group, self.self_id, me.host, me.port)
 
     async def shutdown(self) -> None:
         if self.server is not None:
@@ -423,13 +449,16 @@ class TcpRpcService(RpcService):
         peer.connecting = loop.create_future()
         conn = None
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: _ClientConnection(peer.peer_id, self.max_frame_size, self.auth),
-                    peer.host, peer.port,
-                ),
-                _CONNECT_TIMEOUT_S,
-            )
+            if self.client_ssl is None:
+                _, conn = await asyncio.wait_for(
+                    loop.create_connection(
+                        lambda: _ClientConnection(peer.peer_id, self.max_frame_size, self.auth, None),
+                        peer.host, peer.port,
+                    ),
+                    _CONNECT_TIMEOUT_S,
+                )
+            else:
+                conn = await self._connect_tls(peer)
             await asyncio.wait_for(asyncio.shield(conn.ready), self.handshake_timeout_s)
             peer.conn = conn
             peer.backoff_s = 0.0
@@ -440,13 +469,34 @@ class TcpRpcService(RpcService):
             peer.backoff_s = min(max(peer.backoff_s * 2, _BACKOFF_MIN_S), _BACKOFF_MAX_S)
             peer.next_attempt = loop.time() + peer.backoff_s
             why = str(exc) or type(exc).__name__
-            if self.auth is not None and conn is not None:
+            if self.tls is not None and isinstance(exc, ssl.SSLError):
+                self.tls.log_refusal(f"{peer.peer_id}@{peer.host}:{peer.port}", why, outgoing=True)
+            elif self.auth is not None and conn is not None:
                 self.auth.log_refusal(f"{peer.peer_id}@{peer.host}:{peer.port}", why, outgoing=True)
             raise DLedgerException(DLedgerResponseCode.NETWORK_ERROR,
                                    f"connect to {peer.peer_id}: {why}") from exc
         finally:
             peer.connecting.set_result(None)
             peer.connecting = None
+
+    async def _connect_tls(self, peer: _Peer) -> _ClientConnection:
+        """TCP within the connect timeout, then the TLS handshake within the handshake timeout (a
+        member busy starting up may take longer than a connect to finish one)."""
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(peer.host, peer.port, type=socket.SOCK_STREAM)
+        family, stype, proto, _, addr = infos[0]
+        sock = socket.socket(family, stype, proto)
+        try:
+            sock.setblocking(False)
+            await asyncio.wait_for(loop.sock_connect(sock, addr), _CONNECT_TIMEOUT_S)
+            _, conn = await loop.create_connection(
+                lambda: _ClientConnection(peer.peer_id, self.max_frame_size, self.auth, self.tls),
+                sock=sock, ssl=self.client_ssl, server_hostname=peer.host,
+                ssl_handshake_timeout=self.handshake_timeout_s)
+        except BaseException:
+            sock.close()
+            raise
+        return conn
 
     async def call(self, peer_id: str, req: RequestOrResponse, timeout_s: float) -> Any:
         peer = self.peers.get(peer_id)

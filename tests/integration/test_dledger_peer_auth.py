@@ -91,7 +91,8 @@ async def _first_entries(g: Group) -> None:
 
 
 async def state(g: Group) -> dict[str, tuple[int, int, int]]:
-    """(term, ledgerEndIndex, committedIndex) of every member, asked over authenticated links."""
+    """(term, ledgerEndIndex, committedIndex) of every member, asked through `g.client()` (authenticated
+    links here, TLS ones in test_dledger_peer_tls.py)."""
     async with g.client() as c:
         out = {}
         for m in IDS:

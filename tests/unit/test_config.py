@@ -19,6 +19,7 @@ from broker.config import (
 )
 from broker.errors import BrokerCode, BrokerError
 from broker.topics import validate_topic
+from tests.tls_certs import make_pki
 
 ROCKETMQ_N0 = """\
 # distribution/conf/dledger/broker-n0.conf
@@ -85,6 +86,24 @@ def test_peer_secret_file_reaches_the_dledger_config_and_a_loose_one_is_refused(
     with pytest.raises(ConfigError) as ei:
         load_broker_config(str(p))
     assert ei.value.key == "peerSecretFile" and "chmod 600" in ei.value.reason
+
+
+def test_peer_tls_keys_reach_the_dledger_config_and_need_each_other(tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    p = tmp_path / "b.conf"
+    keys = {"peerTlsCertPath": pki.peer_cert, "peerTlsKeyPath": pki.peer_key, "peerTlsTrustCertPath": pki.ca}
+    p.write_text(ROCKETMQ_N0.format(root=tmp_path) + "".join(f"{k}={v}\n" for k, v in keys.items()))
+    tls = load_broker_config(str(p)).to_dledger_config().peer_tls()
+    assert tls is not None and (tls.cert_file, tls.key_file, tls.ca_file) == tuple(map(str, keys.values()))
+    p.write_text(ROCKETMQ_N0.format(root=tmp_path) + f"peerTlsCertPath={pki.peer_cert}\n")
+    with pytest.raises(ConfigError) as partial:
+        load_broker_config(str(p))
+    assert partial.value.key == "peerTlsKeyPath" and "together" in partial.value.reason
+    p.write_text(ROCKETMQ_N0.format(root=tmp_path) + f"peerTlsCertPath={pki.peer_cert}\n"
+                 f"peerTlsKeyPath={pki.server_key}\npeerTlsTrustCertPath={pki.ca}\n")  # not the cert's key
+    with pytest.raises(ConfigError) as mismatch:
+        load_broker_config(str(p))
+    assert mismatch.value.key == "peerTlsCertPath" and "cannot load" in mismatch.value.reason
 
 
 def test_typo_refused_with_file_line_and_nearest_key(tmp_path):

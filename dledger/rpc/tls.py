@@ -1,0 +1,67 @@
+"""TLS on the peer links (mutual, TLS 1.3): replication traffic encrypted, and only holders of a
+certificate from the group's CA connect — etcd's peer TLS (`--peer-cert-file`, `--peer-key-file`,
+`--peer-trusted-ca-file`, `--peer-client-cert-auth`), which DLedger lacks.
+
+Every member uses one certificate both ways: as the server of its own port and as the client of
+the others', so it must allow both (extendedKeyUsage serverAuth and clientAuth, or none), and name
+the host of its `peers` entry (checked by the connecting side, as HTTPS checks a server's name).
+The CA check proves "one of the group's machines"; to also bind each connection to one member id,
+add the shared-secret handshake (`peerSecretFile`), which then runs inside TLS.
+
+A connection of ours that fails its handshake — the peer's certificate from another CA or naming
+another host, ours refused by the peer — is one log line with the reason, at most one per peer every
+few seconds (`event=peer_tls_failed`). The accepting side drops a failed handshake (a plaintext
+client, a foreign certificate) within the handshake timeout without a line: asyncio's TLS layer
+reports none.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+
+from dledger.rpc.auth import RefusalLog
+
+
+@dataclass
+class PeerTls:
+    """The member's certificate and key, and the CA every peer's certificate must chain to."""
+
+    group: str
+    self_id: str
+    cert_file: str
+    key_file: str
+    ca_file: str
+    log_refusal: RefusalLog = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.log_refusal = RefusalLog(self.group, self.self_id, "peer_tls_refused", "peer_tls_failed")
+
+    def server_context(self) -> ssl.SSLContext:
+        """Our port's side: our certificate, and a client certificate from the CA required."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._common(ctx)
+        return ctx
+
+    def client_context(self) -> ssl.SSLContext:
+        """Our connections' side: the peer's certificate from the CA, naming its host; ours shown."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # check_hostname and CERT_REQUIRED by default
+        self._common(ctx)
+        return ctx
+
+    def _common(self, ctx: ssl.SSLContext) -> None:
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_cert_chain(self.cert_file, self.key_file)
+        ctx.load_verify_locations(cafile=self.ca_file)
+
+
+def check_peer_tls_files(cert_file: str, key_file: str, ca_file: str) -> None:
+    """ValueError naming what is wrong with the files (read as `PeerTls` would)."""
+    tls = PeerTls("check", "check", cert_file, key_file, ca_file)
+    try:
+        tls.server_context()
+    except FileNotFoundError as exc:
+        raise ValueError(f"{exc.filename}: no such file") from None
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load the certificate, key or CA: {exc}") from None
