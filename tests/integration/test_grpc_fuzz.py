@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from broker.grpc.convert import duration, timestamp
 from broker.grpc.protocol import Code, pb, spb, spb_grpc
+from tests.integration._grpc_harness import SCRIPTS, run_client
 from tests.integration._ledgermq_procs import CONF, ProcessGroup, start_broker
 from tests.ports import free_port
 
@@ -290,6 +292,12 @@ def test_signature_required_with_acl(tmp_path: Path) -> None:
                         "topicPerms": {"*": "SUB"},
                         "groupPerms": {"*": "SUB"},
                     },
+                    {
+                        "name": "app",
+                        "token": "app-secret",
+                        "topicPerms": {"acl-rt": "PUB|SUB"},
+                        "groupPerms": {"g-rt": "SUB"},
+                    },
                 ]
             }
         )
@@ -322,6 +330,12 @@ def test_signature_required_with_acl(tmp_path: Path) -> None:
                 assert stub.SendMessage(req, metadata=meta, timeout=10).status.code == code
             queues = httpx.get(f"http://{http}/topics/acl-t", headers=admin, timeout=10).json()["queues"]
             assert sum(q["maxOffset"] for q in queues) == 1
+        # The official client, as README says: the account's name and token as its access and secret key.
+        created = httpx.put(f"http://{http}/topics/acl-rt", json={}, headers=admin, timeout=10)
+        assert created.status_code == 200, created.text
+        out = run_client([sys.executable, str(SCRIPTS / "py_roundtrip.py"), addr, "acl-rt", "g-rt", "10",
+                          "ak=app", "sk=app-secret"], timeout_s=180)
+        assert len(out["sent"]) == 10 and set(out["received"]) == set(out["sent"])
 
 
 @pytest.mark.parametrize("client_type", [pb.LITE_PUSH_CONSUMER, pb.LITE_SIMPLE_CONSUMER])

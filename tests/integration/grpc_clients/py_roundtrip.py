@@ -1,7 +1,8 @@
 """Run by an official Python client of any version (its own venv): a producer sends N messages,
 a simple consumer receives and acks them all; prints one JSON line with what happened.
 
-usage: python py_roundtrip.py ENDPOINTS TOPIC GROUP N [tls]   (tls: the clients' tls_enable=True)
+usage: python py_roundtrip.py ENDPOINTS TOPIC GROUP N [tls] [ak=ACCESS_KEY sk=SECRET_KEY]
+(tls: the clients' tls_enable=True; ak/sk: their Credentials, an ACL account's name and token)
 """
 
 import json
@@ -13,8 +14,10 @@ from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message
 
 def main() -> None:
     endpoints, topic, group, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    tls = sys.argv[5:] == ["tls"]
-    config = ClientConfiguration(endpoints, Credentials())
+    extra = dict(a.split("=", 1) if "=" in a else (a, "") for a in sys.argv[5:])
+    tls = "tls" in extra
+    credentials = Credentials(extra["ak"], extra["sk"]) if "ak" in extra else Credentials()
+    config = ClientConfiguration(endpoints, credentials)
     producer = Producer(config, (topic,), tls_enable=tls)
     producer.startup()  # 5.1.1 waits here for the server's Settings
     sent = {}
