@@ -1,8 +1,9 @@
 """`HttpListener`: one ASGI app served by uvicorn on the process's event loop, as every LedgerMQ
 HTTP port is (broker, name server, broker container): the socket bound by us (a port in use is an
 OSError for the caller, not uvicorn's sys.exit inside a shared loop), HTTPS when the listener's
-config says so (TLS handshake bounded by the header deadline), and every connection under a
-`ConnectionGuard` (`listener.guard`).
+config says so (TLS handshake bounded by the header deadline; a rotated certificate picked up
+without a restart, `listener.certs`), and every connection under a `ConnectionGuard`
+(`listener.guard`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import uvicorn
 
+from listener.certs import CertReloader
 from listener.config import ListenerConfig
 from listener.guard import ConnectionGuard, GuardedHttpToolsProtocol
 
@@ -137,6 +139,7 @@ class HttpListener:
         self.guard: ConnectionGuard | None = None
         self.server: _GuardedServer | None = None
         self._serve_task: asyncio.Task[None] | None = None
+        self._reloader: CertReloader | None = None
 
     @property
     def scheme(self) -> str:
@@ -182,6 +185,9 @@ class HttpListener:
                 exc = self._serve_task.exception()
                 raise RuntimeError(f"HTTP server of {self.name} stopped during start: {exc!r}") from exc
             await asyncio.sleep(0.01)
+        if ssl_context is not None:  # a rotated certificate is served without a restart
+            self._reloader = CertReloader(self.name, cfg, ssl_context)
+            self._reloader.start()
         if not is_loopback(self.host) and not cfg.tls:
             log.warning(
                 "event=insecure_listener listener=%s addr=%s:%d tls=disabled "
@@ -207,6 +213,8 @@ class HttpListener:
 
     async def stop(self) -> None:
         """Graceful stop; returns once the server is down."""
+        if self._reloader is not None:
+            await self._reloader.stop()
         self.request_stop()
         if self._serve_task is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):

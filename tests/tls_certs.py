@@ -85,6 +85,17 @@ def start_https_namesrv_and_broker(group, d: Path, pki: Pki, **broker_keys: str)
     return f"127.0.0.1:{ns_port}", f"127.0.0.1:{b_port}"
 
 
+def reissue_server_cert(pki: Pki, name: str) -> tuple[Path, Path]:
+    """A new server certificate and key from the same CA (a rotation), written beside the PKI."""
+    d = pki.ca.parent
+    return _leaf(d, name, (pki.ca, pki.ca.with_suffix(".key")), "serverAuth")
+
+
+def served_certificate(host: str, port: int) -> str:
+    """The PEM certificate a TLS port shows to a new connection."""
+    return ssl.get_server_certificate((host, port), timeout=5)
+
+
 def _run(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 

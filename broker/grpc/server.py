@@ -157,7 +157,7 @@ class GrpcFrontEnd:
         spb_grpc.add_MessagingServiceServicer_to_server(self.servicer, generated)
         self.server.add_generic_rpc_handlers(tuple(StrictDecoding(h) for h in generated.handlers))
         host = listen_host(cfg.broker_ip1)
-        tls = server_credentials(cfg.listener)
+        tls = server_credentials(cfg.listener, f"{cfg.broker_name}-grpc")
         try:
             bind = f"{host}:{cfg.grpc_server_port}"
             port = self.server.add_secure_port(bind, tls) if tls else self.server.add_insecure_port(bind)

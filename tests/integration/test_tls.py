@@ -18,7 +18,13 @@ from client import PullConsumer, SimpleConsumer
 from client.mqadmin import main as mqadmin
 from client.producer import Producer
 from tests.integration._ledgermq_procs import ProcessGroup, free_port
-from tests.tls_certs import make_pki, start_https_namesrv_and_broker, wait_https
+from tests.tls_certs import (
+    make_pki,
+    reissue_server_cert,
+    served_certificate,
+    start_https_namesrv_and_broker,
+    wait_https,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 
@@ -115,3 +121,40 @@ def test_the_console_serves_https_and_reads_the_https_cluster(tls_cluster):
         time.sleep(0.2)
     assert page.status_code == 200 and "broker-s" in page.text, page.text[:500]
     assert _curl(f"http://{tls_cluster['console']}/health").stdout == ""  # HTTPS only
+
+
+def _pem(text: str) -> str:
+    return ssl.DER_cert_to_PEM_cert(ssl.PEM_cert_to_DER_cert(text))
+
+
+def test_a_rotated_certificate_is_served_without_a_restart(tls_cluster):
+    """The operator replaces the certificate, then its key (RocketMQ's brokers watch the files): until
+    the key follows, the pair does not load and the old certificate stays in force; then every
+    port — the name server's, the broker's HTTP and gRPC ports — shows the new one to new
+    connections, and clients verifying against the CA notice nothing. Runs last: it rotates the
+    files the other tests' processes use."""
+    pki, group = tls_cluster["pki"], tls_cluster["group"]
+    ports = {name: ("127.0.0.1", int(addr.rsplit(":", 1)[1])) for name, addr in
+             (("namesrv", tls_cluster["ns"]), ("broker", tls_cluster["broker"]))}
+    ports["broker-grpc"] = ("127.0.0.1", 18811)  # conf/broker-single.conf's grpcServerPort
+    old = _pem(pki.server_cert.read_text())
+    assert {_pem(served_certificate(*hp)) for hp in ports.values()} == {old}
+    new_cert, new_key = reissue_server_cert(pki, "server-rotated")
+    new = _pem(new_cert.read_text())
+
+    shutil.copyfile(new_cert, pki.server_cert)  # the certificate alone: it does not match the key
+    deadline = time.monotonic() + 10
+    while "event=tls_reload_failed" not in group.log_text("broker"):
+        assert time.monotonic() < deadline, "a certificate without its key was not reported"
+        time.sleep(0.1)
+    assert _pem(served_certificate(*ports["broker"])) == old
+
+    shutil.copyfile(new_key, pki.server_key)
+    deadline = time.monotonic() + 10
+    while {name for name, hp in ports.items() if _pem(served_certificate(*hp)) != new}:
+        assert time.monotonic() < deadline, "the new certificate is not served"
+        time.sleep(0.2)
+    for name in ("broker", "namesrv"):
+        assert "event=tls_reloaded" in group.log_text(name), name
+    ctx = ssl.create_default_context(cafile=str(pki.ca))
+    assert httpx.get(f"https://{tls_cluster['broker']}/health", verify=ctx, timeout=5).status_code == 200
