@@ -85,10 +85,11 @@ def start_https_namesrv_and_broker(group, d: Path, pki: Pki, **broker_keys: str)
     return f"127.0.0.1:{ns_port}", f"127.0.0.1:{b_port}"
 
 
-def reissue_server_cert(pki: Pki, name: str) -> tuple[Path, Path]:
-    """A new server certificate and key from the same CA (a rotation), written beside the PKI."""
+def reissue_server_cert(pki: Pki, name: str, usage: str = "serverAuth") -> tuple[Path, Path]:
+    """A new server (or, with usage "serverAuth,clientAuth", peer) certificate and key from the
+    same CA (a rotation), written beside the PKI."""
     d = pki.ca.parent
-    return _leaf(d, name, (pki.ca, pki.ca.with_suffix(".key")), "serverAuth")
+    return _leaf(d, name, (pki.ca, pki.ca.with_suffix(".key")), usage)
 
 
 def served_certificate(host: str, port: int) -> str:

@@ -51,6 +51,7 @@ _CONNECT_TIMEOUT_S = 1.0
 _MAX_UNSENT_BYTES = 64 * 1024 * 1024
 _SMALL_BUF_SIZE = 256 * 1024
 _SMALL_FRAME_MAX = 64 * 1024  # larger frames get a buffer of their own
+_TLS_CHECK_INTERVAL_S = 1.0  # how often peer TLS files are looked at (etcd: every handshake)
 _MAX_PENDING_HANDSHAKES = 64  # unauthenticated connections held at once; more are closed at once
 
 
@@ -410,6 +411,10 @@ class TcpRpcService(RpcService):
         self.server = await loop.create_server(
             lambda: _ServerConnection(self), me.host, me.port, reuse_address=True, ssl=self.server_ssl,
             ssl_handshake_timeout=self.handshake_timeout_s if self.server_ssl is not None else None)
+        if self.tls is not None:
+            task = loop.create_task(self._watch_tls_files())
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
         log.info("listening group=%s selfId=%s on %s:%d peerAuth=%s peerTls=%s", self.group, self.self_id,
                  me.host, me.port, "hmac" if self.auth is not None else "off",
                  "on" if self.tls is not None else "off")
@@ -417,6 +422,17 @@ class TcpRpcService(RpcService):
             log.warning("event=peer_auth_off group=%s selfId=%s listen=%s:%d: anyone who reaches this port "
                         "can vote, push or truncate; set peerSecretFile (or peer TLS)",
                         self.group, self.self_id, me.host, me.port)
+
+    async def _watch_tls_files(self) -> None:
+        """A rotated peer certificate is used for new connections without a restart."""
+        assert self.tls is not None
+        while True:
+            await asyncio.sleep(_TLS_CHECK_INTERVAL_S)
+            try:
+                self.tls.reload_into(self.server_ssl, self.client_ssl)
+            except (OSError, ssl.SSLError) as exc:  # replaced again between the check and the load
+                log.warning("event=peer_tls_reload_failed group=%s selfId=%s error=%s", self.group,
+                            self.self_id, exc)
 
     async def shutdown(self) -> None:
         if self.server is not None:

@@ -8,6 +8,9 @@ the host of its `peers` entry (checked by the connecting side, as HTTPS checks a
 The CA check proves "one of the group's machines"; to also bind each connection to one member id,
 add the shared-secret handshake (`peerSecretFile`), which then runs inside TLS.
 
+The files are looked at every second (`reload_into`, by the transport): a rotated certificate
+serves new connections once it loads with its key, with no restart.
+
 A connection of ours that fails its handshake — the peer's certificate from another CA or naming
 another host, ours refused by the peer — is one log line with the reason, at most one per peer every
 few seconds (`event=peer_tls_failed`). The accepting side drops a failed handshake (a plaintext
@@ -17,10 +20,16 @@ reports none.
 
 from __future__ import annotations
 
+import logging
+import os
 import ssl
 from dataclasses import dataclass, field
 
 from dledger.rpc.auth import RefusalLog
+
+log = logging.getLogger(__name__)
+
+_Stamp = tuple[tuple[int, int, int] | None, ...]
 
 
 @dataclass
@@ -33,9 +42,47 @@ class PeerTls:
     key_file: str
     ca_file: str
     log_refusal: RefusalLog = field(init=False, repr=False)
+    _accepted: _Stamp = field(init=False, repr=False)
+    _refused: _Stamp | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.log_refusal = RefusalLog(self.group, self.self_id, "peer_tls_refused", "peer_tls_failed")
+        self._accepted = self._stamp()
+
+    def _stamp(self) -> _Stamp:
+        out = []
+        for path in (self.cert_file, self.key_file, self.ca_file):
+            try:
+                st = os.stat(path)
+            except OSError:
+                out.append(None)
+                continue
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        return tuple(out)
+
+    def reload_into(self, *contexts: ssl.SSLContext | None) -> bool:
+        """When the files changed and load together (checked in a scratch context first), load
+        them into the running contexts: new connections get the rotated certificate, etcd's peer
+        TLS rotation. A version that does not load (a certificate whose key is not replaced yet)
+        keeps the one in force and is logged once; True when the contexts were reloaded."""
+        stamp = self._stamp()
+        if stamp == self._accepted or stamp == self._refused:
+            return False
+        try:
+            self.server_context()
+        except (OSError, ssl.SSLError) as exc:
+            self._refused = stamp
+            log.error("event=peer_tls_reload_failed group=%s selfId=%s certFile=%s error=%s keeping=the "
+                      "certificate in force", self.group, self.self_id, self.cert_file, exc)
+            return False
+        for ctx in contexts:
+            if ctx is not None:
+                ctx.load_cert_chain(self.cert_file, self.key_file)
+                ctx.load_verify_locations(cafile=self.ca_file)
+        self._accepted, self._refused = stamp, None
+        log.info("event=peer_tls_reloaded group=%s selfId=%s certFile=%s", self.group, self.self_id,
+                 self.cert_file)
+        return True
 
     def server_context(self) -> ssl.SSLContext:
         """Our port's side: our certificate, and a client certificate from the CA required."""

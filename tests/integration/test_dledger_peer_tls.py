@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -26,7 +28,7 @@ from dledger.client import DLedgerClient
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from tests.integration.test_dledger_peer_auth import hostile_frames, recv_all, send_frames, state
 from tests.ports import free_ports
-from tests.tls_certs import Pki, make_pki
+from tests.tls_certs import Pki, make_pki, reissue_server_cert, served_certificate
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]
@@ -203,3 +205,28 @@ def test_part_of_the_tls_files_stops_the_member(group: Group, tmp_path: Path) ->
         cwd=REPO, capture_output=True, text=True, timeout=30)  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "peer TLS needs the certificate, its key and the CA" in proc.stderr, proc.stderr
+
+
+async def test_a_rotated_peer_certificate_is_used_without_a_restart(group: Group) -> None:
+    """Runs after the others: it rotates the files every member uses."""
+
+    def served() -> set[str]:
+        return {ssl.DER_cert_to_PEM_cert(ssl.PEM_cert_to_DER_cert(served_certificate("127.0.0.1", port)))
+                for port in group.ports.values()}
+
+    old = ssl.DER_cert_to_PEM_cert(ssl.PEM_cert_to_DER_cert(group.pki.peer_cert.read_text()))
+    assert await asyncio.to_thread(served) == {old}
+    new_cert, new_key = reissue_server_cert(group.pki, "peer-rotated", "serverAuth,clientAuth")
+    new = ssl.DER_cert_to_PEM_cert(ssl.PEM_cert_to_DER_cert(new_cert.read_text()))
+    shutil.copyfile(new_key, group.pki.peer_key)
+    shutil.copyfile(new_cert, group.pki.peer_cert)
+    deadline = asyncio.get_running_loop().time() + 10
+    while await asyncio.to_thread(served) != {new}:
+        assert asyncio.get_running_loop().time() < deadline, "the rotated certificate is not served"
+        await asyncio.sleep(0.2)
+    for m in IDS:
+        assert "event=peer_tls_reloaded" in group.log(m), m
+    async with group.client() as c:  # a new client with the new certificate: the group takes it
+        await c.append([b"after-rotation"])
+    ends = await state(group)
+    assert len({t for t, _, _ in ends.values()}) == 1  # no election from the rotation
