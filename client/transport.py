@@ -316,7 +316,7 @@ class RouteCache:
         return route
 
     async def _without_name_servers(self, route: TopicRoute, why: LedgerMQError) -> TopicRoute:
-        """`route` (cached) with each set's master as its members report it (`GET /status`: the
+        """`route` (cached) with each set's master as its members report it (`GET /health`: the
         member of the highest term that names one), for while no name server answers: a set
         whose master died or hung meanwhile is still found. Kept briefly, then the name servers
         are asked again."""
@@ -330,16 +330,17 @@ class RouteCache:
 
     async def _master_by_members(self, broker: BrokerSetRoute) -> BrokerSetRoute:
         async def status(addr: str) -> tuple[int, str] | None:
+            # /health, open under ACL (/status needs the monitoring right an application's token lacks).
             try:
                 doc = await self.transport.request(
-                    "GET", f"{base_url(addr)}/status", timeout_s=MEMBER_STATUS_TIMEOUT_S
+                    "GET", f"{base_url(addr)}/health", timeout_s=MEMBER_STATUS_TIMEOUT_S
                 )
             except LedgerMQError:
                 return None
             master = doc.get("masterAddr") if isinstance(doc, dict) else None
             if not isinstance(master, str) or not master:
                 return None
-            term = (doc.get("dledger") or {}).get("term", 0)
+            term = doc.get("term", 0)
             return (term if isinstance(term, int) else 0), master
 
         answers = [a for a in await asyncio.gather(*(status(a) for a in broker.addrs.values())) if a]

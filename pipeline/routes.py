@@ -73,7 +73,8 @@ class RouteResolver:
 
     Caller: the source's driver-side reader (every micro-batch) and the sink's tasks (once per task).
     With ``namesrv_addrs`` routes come from ``GET /routes/{topic}``; with only ``broker_addrs`` the
-    brokers are asked ``GET /status`` for their broker name and role, and grouped into sets.
+    brokers are asked ``GET /health`` (open under ACL) for their broker name and role, and grouped
+    into sets.
     """
 
     def __init__(
@@ -130,7 +131,8 @@ class RouteResolver:
         members: dict[str, list[tuple[int, str]]] = {}
         for addr in self.broker_addrs:
             try:
-                st = self._get_json(addr + "/status", f"status of broker {addr}")
+                # /health, open under ACL (/status needs the monitoring right)
+                st = self._get_json(addr + "/health", f"health of broker {addr}")
             except ACCESS_ERRORS:
                 raise
             except (httpx.TransportError, LedgerMQError) as exc:

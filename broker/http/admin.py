@@ -233,9 +233,13 @@ def _ops_routes(services: BrokerServices) -> APIRouter:
     router = APIRouter(tags=["ops"])
     state = services.state
 
-    @router.get("/health", summary="Liveness")
+    @router.get("/health", summary="Liveness, and who this member is")
     async def health() -> dict[str, Any]:
-        return {"status": "UP", "role": "MASTER" if state.is_master() else "SLAVE"}
+        # Open under ACL: what a client needs to find a set's master without a name server (the
+        # name servers hand the same addresses to anyone), nothing of /status's monitoring view.
+        return {"status": "UP", "role": "MASTER" if state.is_master() else "SLAVE",
+                "brokerName": state.config.broker_name, "brokerId": state.broker_id(),
+                "masterAddr": state.master_addr(), "term": state.term()}
 
     @router.get(
         "/status",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -10,6 +11,9 @@ import pytest
 
 from client import Producer
 from client.errors import ForbiddenError, UnauthorizedError
+from client.transport import AsyncTransport, BrokerSetRoute, RouteCache
+from pipeline.access import Access
+from pipeline.routes import RouteResolver
 from tests.integration._ledgermq_procs import CONF, ProcessGroup, start_broker
 
 ACCOUNTS = {
@@ -171,3 +175,30 @@ def test_the_acl_file_is_read_again_when_it_changes(broker):
     finally:
         acl.write_text(json.dumps(ACCOUNTS))
     _until(lambda: produce("pub-tok") == 200 and produce("late-tok") == 401, "the original file in force")
+
+
+def test_a_sets_master_is_found_from_its_members_with_an_applications_token(broker):
+    """Without a name server the SDK asks a set's members who their master is, and the Spark
+    source given `brokerAddr` asks each broker its name: both over `/health`, open under ACL, since
+    `/status` needs the monitoring right an application's token lacks (they used to get 403 there)."""
+    addr = broker["addr"]
+    health = httpx.get(f"{broker['url']}/health").json()  # no token
+    assert health == {"status": "UP", "role": "MASTER", "brokerName": "broker-s", "brokerId": 0,
+                      "masterAddr": addr, "term": 0}
+
+    async def master_by_members() -> str | None:
+        transport = AsyncTransport(token="pub-tok")
+        try:
+            # A cached route naming a master that is gone: the members say which one it is now.
+            stale = BrokerSetRoute("broker-s", {0: addr}, 4, 4, 6, master_addr="127.0.0.1:1")
+            return (await RouteCache(transport, [], [])._master_by_members(stale)).master_addr
+        finally:
+            await transport.aclose()
+
+    assert asyncio.run(master_by_members()) == addr
+    resolver = RouteResolver([], [addr], access=Access(token="pub-tok"))
+    try:
+        [only] = resolver.broker_sets("orders")
+        assert only.broker_name == "broker-s" and only.urls() == [f"http://{addr}"]
+    finally:
+        resolver.close()

@@ -1,5 +1,5 @@
 """The SDK with its name server gone: clients keep their cached routes (RocketMQ's do), and when a
-set's master dies meanwhile they learn the new one from the set's members (`GET /status`,
+set's master dies meanwhile they learn the new one from the set's members (`GET /health`,
 `RouteCache._without_name_servers`) instead of sending to the dead one until the name server
 returns. A consumer whose request failed keeps its route too (it used to drop it, and then had
 none to ask while the name server was down)."""
