@@ -2,10 +2,10 @@
 `tls.server.keyPath` and `tls.server.trustCertPath` (its `FileWatchService`) and reload their TLS
 context when one changes; so do ours.
 
-`TlsFiles` tells when the files changed (inode, mtime and size of each: an editor's rename and an
-in-place write both count). A new version is loaded into a scratch context first, so a certificate
-whose key has not been written yet (cert and key are two files, rarely replaced at once) or a file
-that does not parse leaves the certificate in force — logged once per version
+`TlsFiles` tells when the files changed (`FileVersions`: inode, mtime and size of each). A new
+version is loaded into a scratch context first, so a certificate whose key has not been written
+yet (cert and key are two files, rarely replaced at once) or a file that does not parse leaves the
+certificate in force — logged once per version
 (`event=tls_reload_failed`) and tried again when a file changes again — and a good one replaces it
 for every new handshake (`event=tls_reloaded`); connections already open keep theirs.
 
@@ -29,20 +29,21 @@ log = logging.getLogger(__name__)
 # How often the HTTP listeners look at their files (RocketMQ's FileWatchService: 500 ms).
 CHECK_INTERVAL_S = 1.0
 
-_Stamp = tuple[tuple[int, int, int] | None, ...]
+Version = tuple[tuple[int, int, int] | None, ...]
 
 
-class TlsFiles:
-    """A listener's certificate, key and trust files, and whether they changed since last accepted."""
+class FileVersions:
+    """Which version of some files is in force: inode, mtime and size of each (an editor's rename
+    and an in-place write both count; a missing file is a version too). A version that was tried
+    and refused is remembered, so it is reported once and tried again only when a file changes.
+    Callers: `TlsFiles`, the broker's ACL file (`broker/service/acl.py`)."""
 
-    def __init__(self, name: str, config: ListenerConfig) -> None:
-        self.name = name
-        self.config = config
-        self.paths = [p for p in (config.cert_path, config.key_path, config.trust_cert_path) if p]
-        self._accepted = self._stamp()
-        self._refused: _Stamp | None = None
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+        self._accepted = self.current()
+        self._refused: Version | None = None
 
-    def _stamp(self) -> _Stamp:
+    def current(self) -> Version:
         out = []
         for path in self.paths:
             try:
@@ -53,20 +54,41 @@ class TlsFiles:
             out.append((st.st_ino, st.st_mtime_ns, st.st_size))
         return tuple(out)
 
+    def new_version(self) -> Version | None:
+        """The files' version when it is neither the one in force nor one refused before."""
+        version = self.current()
+        return None if version in (self._accepted, self._refused) else version
+
+    def accept(self, version: Version) -> None:
+        self._accepted, self._refused = version, None
+
+    def refuse(self, version: Version) -> None:
+        self._refused = version
+
+
+class TlsFiles:
+    """A listener's certificate, key and trust files, and whether they changed since last accepted."""
+
+    def __init__(self, name: str, config: ListenerConfig) -> None:
+        self.name = name
+        self.config = config
+        paths = (config.cert_path, config.key_path, config.trust_cert_path)
+        self.versions = FileVersions([p for p in paths if p])
+
     def changed(self) -> ssl.SSLContext | None:
         """A context built from the files when they changed and load (they are then the ones in
         force); None when nothing changed or the new version does not load (logged once)."""
-        stamp = self._stamp()
-        if stamp == self._accepted or stamp == self._refused:
+        version = self.versions.new_version()
+        if version is None:
             return None
         try:
             ctx = self.config.ssl_context()
         except ListenerConfigError as exc:
-            self._refused = stamp
+            self.versions.refuse(version)
             log.error("event=tls_reload_failed listener=%s key=%s error=%s keeping=the certificate in force",
                       self.name, exc.key, exc.reason)
             return None
-        self._accepted, self._refused = stamp, None
+        self.versions.accept(version)
         log.info("event=tls_reloaded listener=%s certPath=%s", self.name, self.config.cert_path)
         return ctx
 

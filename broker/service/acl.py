@@ -35,6 +35,7 @@ from typing import Any
 import orjson
 
 from broker.errors import BrokerCode, BrokerError
+from listener.certs import FileVersions
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,7 @@ class AccessControl:
         self.accounts = accounts
         self.enabled = enabled
         self.path = path  # the file `reload_if_changed` watches
-        self._stamp: tuple[int, int, int] | None = None
-        self._refused_stamp: tuple[int, int, int] | None = None
+        self._versions = FileVersions([str(path)]) if path is not None else None
         self._watch: asyncio.Task[None] | None = None
 
     @classmethod
@@ -113,9 +113,9 @@ class AccessControl:
     def load(cls, path: str | Path) -> AccessControl:
         """Parse the ACL file; ValueError names the file and the bad entry."""
         path = Path(path)
-        stamp = _stamp(path)  # before the read: a change during it is read again
-        control = cls(_parse_accounts(path), path=path)
-        control._stamp = stamp
+        versions = FileVersions([str(path)])  # before the read: a change during it is read again
+        control = cls(_parse_accounts(path))
+        control.path, control._versions = path, versions
         return control
 
     def reload_if_changed(self) -> bool:
@@ -124,19 +124,20 @@ class AccessControl:
         to the next request, without a restart. A file that cannot be read or parsed leaves the
         accounts in force (so a half-written file never locks everyone out) and is logged once
         per version of the file; True when the accounts were replaced."""
-        if self.path is None:
+        if self.path is None or self._versions is None:
             return False
-        stamp = _stamp(self.path)
-        if stamp == self._stamp or stamp == self._refused_stamp:
+        version = self._versions.new_version()
+        if version is None:
             return False
         try:
             accounts = _parse_accounts(self.path)
         except ValueError as exc:
-            self._refused_stamp = stamp
+            self._versions.refuse(version)
             kept = len(self.accounts)
             log.error("event=acl_reload_failed file=%s keptAccounts=%d error=%s", self.path, kept, exc)
             return False
-        self.accounts, self._stamp, self._refused_stamp = accounts, stamp, None
+        self.accounts = accounts
+        self._versions.accept(version)
         log.info("event=acl_reloaded file=%s accounts=%d", self.path, len(accounts))
         return True
 
@@ -208,15 +209,6 @@ class AccessControl:
             raise BrokerError(
                 BrokerCode.FORBIDDEN, f"account {account.name!r} lacks SUB on group {group!r}", group=group
             )
-
-
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    """What tells a new version of the file: inode (an editor's rename), mtime and size."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def _parse_accounts(path: Path) -> list[Account]:
