@@ -20,11 +20,24 @@ one extra local hop for an eighth of the sends of an 8-queue topic, none for rec
 without a restart). Each such hop costs the slave about a millisecond of CPU (a gRPC call in and
 one out, at a concurrency too low for grpc to share its syscalls across calls), hence as few
 entries as the producer's attempts allow.
+
+A push consumer finds its queues by QueryAssignment every 5 s, sent to the endpoint of one entry
+of its cached route: the Python client picks any entry at random, whatever its permission; the
+Java client takes the next one in turn, skipping entries with permission NONE. With most entries
+at the master, a push consumer whose master died kept asking it until its route refresh (a
+29 s pause, measured with the Python client). So each set's route also carries entries with
+permission NONE at its other members (`access_entries`), four times as many as name the master,
+in runs just before the entries that name another member: no client sends or receives on them
+(they take writable or readable entries), a Python push consumer's pick lands on a live member
+about four times in five (33 of 41 entries for 8 queues), and a Java one stepping onto them goes
+on to the other member's entry. Any member
+answers QueryAssignment with its set's current master (a slave knows it from its log).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -91,6 +104,36 @@ def spread(n: int, master: str, others: tuple[str, ...], attempts: int = PRODUCE
     return out
 
 
+# Entries with permission NONE per entry naming a set's master (see the module's docstring),
+# and at most this many per set: a topic of 1,024 queues would otherwise answer every route query
+# with thousands of entries.
+ACCESS_ENTRIES_PER_MASTER_ENTRY = 4
+MAX_ACCESS_ENTRIES = 128
+
+
+def access_entries(placed: list[str], master: str, others: tuple[str, ...]) -> list[str | None]:
+    """`placed` (the endpoint of each of a set's entries, in order) with a set's NONE entries
+    inserted: `ACCESS_ENTRIES_PER_MASTER_ENTRY` per entry naming `master` (at most
+    `MAX_ACCESS_ENTRIES`), naming `others` in
+    turn, in runs just before the entries that name another member (after the last entry when
+    none does). Inserted entries are given as their endpoint, `placed`'s own as None."""
+    if not others:
+        return [None] * len(placed)
+    total = min(ACCESS_ENTRIES_PER_MASTER_ENTRY * sum(addr == master for addr in placed), MAX_ACCESS_ENTRIES)
+    names = (others[k % len(others)] for k in range(total))
+    at_others = [i for i, addr in enumerate(placed) if addr != master]
+    if not at_others:
+        return [None] * len(placed) + list(names)
+    out: list[str | None] = []
+    for i in range(len(placed)):
+        if i in at_others:
+            j = at_others.index(i)
+            share = total * (j + 1) // len(at_others) - total * j // len(at_others)
+            out += [next(names) for _ in range(share)]
+        out.append(None)
+    return out
+
+
 def endpoints(addr: str) -> pb.Endpoints:
     """`host:port` as Endpoints (IPv4 literal or a domain name, one address)."""
     host, _, port = addr.rpartition(":")
@@ -126,6 +169,7 @@ def message_queues(
             addr: pb.Broker(name=r.broker_name, id=0, endpoints=endpoints(addr))
             for addr in (r.grpc_addr, *r.member_addrs)
         }
+        entries: list[tuple[str, pb.MessageQueue]] = []  # (endpoint, entry)
         for qid, addr in enumerate(spread(n, r.grpc_addr, r.member_addrs)):
             readable, writable = qid < r.read_queue_nums, qid < r.write_queue_nums
             # Only sends need a way around a dead master (a consumer's next receive may fail
@@ -139,15 +183,22 @@ def message_queues(
             else:
                 placed = [(r.grpc_addr, True, False)]
             for where, can_read, can_write in placed:
-                out.append(
-                    pb.MessageQueue(
-                        topic=topic,
-                        id=qid,
-                        permission=_permission(r.perm, can_read, can_write),
-                        broker=brokers[where],
-                        accept_message_types=accept,
-                    )
-                )
+                entries.append((where, pb.MessageQueue(
+                    topic=topic,
+                    id=qid,
+                    permission=_permission(r.perm, can_read, can_write),
+                    broker=brokers[where],
+                    accept_message_types=accept,
+                )))
+        # Queue ids after the set's own, as RocketMQ's proxy numbers a NONE entry.
+        access_ids = itertools.count(n)
+        queue_of = (q for _, q in entries)
+        for inserted in access_entries([where for where, _ in entries], r.grpc_addr, r.member_addrs):
+            if inserted is None:
+                out.append(next(queue_of))
+            else:
+                out.append(pb.MessageQueue(topic=topic, id=next(access_ids), permission=pb.NONE,
+                                           broker=brokers[inserted], accept_message_types=accept))
     return out
 
 

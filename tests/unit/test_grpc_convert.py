@@ -10,7 +10,15 @@ import pytest
 from broker.errors import BrokerCode, BrokerError
 from broker.grpc.convert import from_message, timestamp, to_message
 from broker.grpc.protocol import pb
-from broker.grpc.route import BrokerRoute, assignments, endpoints, message_queues, spread
+from broker.grpc.route import (
+    ACCESS_ENTRIES_PER_MASTER_ENTRY,
+    MAX_ACCESS_ENTRIES,
+    BrokerRoute,
+    assignments,
+    endpoints,
+    message_queues,
+    spread,
+)
 from broker.grpc.settings import PRODUCER_MAX_ATTEMPTS
 from broker.message import PROPERTY_UNIQ_KEY, MessageExt
 
@@ -170,6 +178,11 @@ def test_route_spreads_each_sets_queues_over_its_members() -> None:
     ]
     queues = message_queues(pb.Resource(name="t"), routes)
     got = [(q.broker.name, q.id, q.broker.endpoints.addresses[0].host, q.permission) for q in queues]
+    # Before broker-a's entry at a slave: its NONE entries (push consumers' QueryAssignment
+    # picks), 4 per entry at its master, at both slaves; none for broker-b, which has no other members.
+    access = [("broker-a", 4 + k, f"10.0.0.{2 + k % 2}", pb.NONE) for k in range(16)]
+    assert got[3:19] == access
+    del got[3:19]
     # A queue named at a slave is written there and read at the master: receives and acks go
     # straight to the master, only sends get a way around a dead one.
     assert got == [
@@ -207,3 +220,40 @@ def test_every_queue_is_read_at_the_master_and_written_where_spread_says(reads: 
     assert readable == [(i, "10.0.0.1:8081") for i in range(reads)]
     layout = spread(max(reads, writes), "10.0.0.1:8081", others)
     assert writable == [(i, layout[i]) for i in range(writes)]
+
+
+@pytest.mark.parametrize("others", [(), ("127.0.0.1:2",), ("127.0.0.1:2", "127.0.0.1:3")])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8, 9, 16, 17, 32, 64])
+def test_route_carries_none_entries_at_the_other_members(n: int, others: tuple[str, ...]) -> None:
+    """Entries with permission NONE, at the set's other members, for the push consumers' random
+    (Python) or stepping (Java, skipping NONE) QueryAssignment pick: ACCESS_ENTRIES_PER_MASTER_ENTRY
+    per entry at the master (at most MAX_ACCESS_ENTRIES), each run just before an entry at
+    another member; the entries clients
+    send and receive on are the same as without them, the first still at the master (the Node.js
+    client asks its first endpoint)."""
+    master = "127.0.0.1:1"
+    routes = [BrokerRoute("broker-a", master, n, n, 6, others)]
+    queues = message_queues(pb.Resource(name="t"), routes)
+    at = [f"{q.broker.endpoints.addresses[0].host}:{q.broker.endpoints.addresses[0].port}" for q in queues]
+    none = [i for i, q in enumerate(queues) if q.permission == pb.NONE]
+    usable = [(q.id, q.permission, a) for q, a in zip(queues, at, strict=True) if q.permission != pb.NONE]
+    assert at[0] == master and queues[0].permission != pb.NONE
+    assert len({u[0] for u in usable}) == n and all(u[0] < n for u in usable)
+    masters = sum(a == master for _, _, a in usable)
+    if not others:
+        assert not none
+        return
+    assert len(none) == min(ACCESS_ENTRIES_PER_MASTER_ENTRY * masters, MAX_ACCESS_ENTRIES)
+    assert {at[i] for i in none} == set(others)  # every other member, none at the master
+    assert sorted(queues[i].id for i in none) == list(range(n, n + len(none)))  # after the set's own
+    assert all(queues[i].broker.name == "broker-a" and queues[i].broker.id == 0 for i in none)
+    # Stepping on from a NONE entry, past the others, reaches an entry at another member (the
+    # Java client's pick) whenever one names another member.
+    if any(a != master for _, _, a in usable):
+        for i in none:
+            j = i
+            while queues[j % len(queues)].permission == pb.NONE:
+                j += 1
+            assert at[j % len(queues)] != master, (i, j)
+    # After the master dies, most entries of a route cached before lead to a live member.
+    assert sum(a != master for a in at) / len(at) >= 2 / 3
