@@ -30,8 +30,8 @@ permission NONE at its other members (`access_entries`), four times as many as n
 in runs just before the entries that name another member: no client sends or receives on them
 (they take writable or readable entries), a Python push consumer's pick lands on a live member
 about four times in five (33 of 41 entries for 8 queues), and a Java one stepping onto them goes
-on to the other member's entry. Any member
-answers QueryAssignment with its set's current master (a slave knows it from its log).
+on to the other member's entry. Any member answers QueryAssignment with its set's current master
+(a slave knows it from its log).
 """
 
 from __future__ import annotations
@@ -114,22 +114,23 @@ MAX_ACCESS_ENTRIES = 128
 def access_entries(placed: list[str], master: str, others: tuple[str, ...]) -> list[str | None]:
     """`placed` (the endpoint of each of a set's entries, in order) with a set's NONE entries
     inserted: `ACCESS_ENTRIES_PER_MASTER_ENTRY` per entry naming `master` (at most
-    `MAX_ACCESS_ENTRIES`), naming `others` in
-    turn, in runs just before the entries that name another member (after the last entry when
-    none does). Inserted entries are given as their endpoint, `placed`'s own as None."""
+    `MAX_ACCESS_ENTRIES`), naming `others` in turn, in runs just before the entries that name
+    another member (after the last entry when none does). Inserted entries are given as their
+    endpoint, `placed`'s own as None."""
     if not others:
         return [None] * len(placed)
     total = min(ACCESS_ENTRIES_PER_MASTER_ENTRY * sum(addr == master for addr in placed), MAX_ACCESS_ENTRIES)
     names = (others[k % len(others)] for k in range(total))
-    at_others = [i for i, addr in enumerate(placed) if addr != master]
-    if not at_others:
+    n_at_others = sum(addr != master for addr in placed)
+    if not n_at_others:
         return [None] * len(placed) + list(names)
     out: list[str | None] = []
-    for i in range(len(placed)):
-        if i in at_others:
-            j = at_others.index(i)
-            share = total * (j + 1) // len(at_others) - total * j // len(at_others)
+    j = 0  # how many entries naming another member came before
+    for addr in placed:
+        if addr != master:
+            share = total * (j + 1) // n_at_others - total * j // n_at_others
             out += [next(names) for _ in range(share)]
+            j += 1
         out.append(None)
     return out
 
