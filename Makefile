@@ -37,9 +37,14 @@ browser-deps:
 	  || echo "chromium could not be installed: the browser tests will be skipped" >&2; \
 	fi
 
+# The tests that time failovers or deadlines (marker serial, tests/conftest.py) run alone, then
+# the rest two at a time, a test file per worker (its module fixtures start once); a failure in the
+# first part still runs the second.
 test: $(STAMP) browser-deps bytecode
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m 'serial and not fault_full'; s=$$?; \
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m 'not serial and not fault_full'; p=$$?; \
+	if [ $$s -ne 0 ]; then exit $$s; fi; exit $$p
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

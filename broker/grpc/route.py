@@ -9,17 +9,18 @@ and masters are comes from the name servers: each member registers its gRPC addr
 
 Why a set's queues are not all at its master: the clients keep a route for up to 30 s (Python
 refreshes it on a schedule, never after an error), so once a master dies every send to it fails
-until then. A producer retries a failed send at once on the NEXT queue of its cached route
-(Python: round robin, `max_attempts` from our Settings). So every `PRODUCER_MAX_ATTEMPTS`-th
-queue entry names one of the set's other live members instead (`spread`): a send that fails on
-the dead master is retried there within its own attempts, and that member forwards it to the new
-master (`forward.py`) — sends work again about an election after the kill. Such a queue is
-named twice, written at the slave and read at the master, so the price in the common case is
-one extra local hop for an eighth of the sends of an 8-queue topic, none for receives and acks
-(a consumer whose master died fails its receives until its route is refreshed, and goes on
-without a restart). Each such hop costs the slave about a millisecond of CPU (a gRPC call in and
-one out, at a concurrency too low for grpc to share its syscalls across calls), hence as few
-entries as the producer's attempts allow.
+until then. A producer retries a failed send at once on the NEXT queue of its cached route (Python:
+round robin, `max_attempts` from our Settings). So every `PRODUCER_MAX_ATTEMPTS`-th queue entry
+names one of the set's other live members instead (`spread`): a send that fails on the dead master
+is retried there within its own attempts, and that member forwards it to the new master
+(`forward.py`) — sends work again about an election after the kill. Such a queue is read there too:
+a simple consumer takes the readable entries in turn (Python, Java), so after the kill its receives
+at the dead master fail at once (connection refused) and those at that member are forwarded to the
+new master, where its acks go too: it consumes again about an election after the kill instead of at
+its route refresh, up to 30 s later. The price in the common case is one extra local hop for an
+eighth of the sends, receives and acks of an 8-queue topic. Each such hop costs the slave about a
+millisecond of CPU (a gRPC call in and one out, at a concurrency too low for grpc to share its
+syscalls across calls), hence as few entries as the producer's attempts allow.
 
 A push consumer finds its queues by QueryAssignment every 5 s, sent to the endpoint of one entry
 of its cached route: the Python client picks any entry at random, whatever its permission; the
@@ -29,7 +30,7 @@ at the master, a push consumer whose master died kept asking it until its route 
 permission NONE at its other members (`access_entries`), four times as many as name the master,
 in runs just before the entries that name another member: no client sends or receives on them
 (they take writable or readable entries), a Python push consumer's pick lands on a live member
-about four times in five (33 of 41 entries for 8 queues), and a Java one stepping onto them goes
+about four times in five (29 of 36 entries for 8 queues), and a Java one stepping onto them goes
 on to the other member's entry. Any member answers QueryAssignment with its set's current master
 (a slave knows it from its log).
 """
@@ -173,24 +174,13 @@ def message_queues(
         entries: list[tuple[str, pb.MessageQueue]] = []  # (endpoint, entry)
         for qid, addr in enumerate(spread(n, r.grpc_addr, r.member_addrs)):
             readable, writable = qid < r.read_queue_nums, qid < r.write_queue_nums
-            # Only sends need a way around a dead master (a consumer's next receive may fail
-            # and go on): a queue named at a slave is written there and read at the master,
-            # so receives and acks never pay the slave's hop (two entries, as RocketMQ's proxy
-            # splits a queue's read and write permissions).
-            if addr == r.grpc_addr or not readable:
-                placed = [(addr, readable, writable)]
-            elif writable:
-                placed = [(addr, False, True), (r.grpc_addr, True, False)]
-            else:
-                placed = [(r.grpc_addr, True, False)]
-            for where, can_read, can_write in placed:
-                entries.append((where, pb.MessageQueue(
-                    topic=topic,
-                    id=qid,
-                    permission=_permission(r.perm, can_read, can_write),
-                    broker=brokers[where],
-                    accept_message_types=accept,
-                )))
+            entries.append((addr, pb.MessageQueue(
+                topic=topic,
+                id=qid,
+                permission=_permission(r.perm, readable, writable),
+                broker=brokers[addr],
+                accept_message_types=accept,
+            )))
         # Queue ids after the set's own, as RocketMQ's proxy numbers a NONE entry.
         access_ids = itertools.count(n)
         queue_of = (q for _, q in entries)

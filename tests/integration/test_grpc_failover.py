@@ -2,9 +2,10 @@
 send succeeded is lost, and the same producer (no restart) sends again within seconds — not at
 its next route refresh (10 s after its start, then every 30 s): its route names some queues at
 the set's other members, its retry of a send that failed at the dead master lands there, and
-that member forwards it to the new master. The official Python push consumer, too, consumes
-from the new master before its next route refresh: most entries of its route lead to the other
-members, where its QueryAssignment learns the new master."""
+that member forwards it to the new master. The official Python push and simple consumers, too,
+consume from the new master before their next route refresh: most entries of the push consumer's
+route lead to the other members, where its QueryAssignment learns the new master, and the simple
+consumer's receives at the queue named at another member are forwarded to the new master."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from rocketmq import (
     MessageListener,
     Producer,
     PushConsumer,
+    SimpleConsumer,
 )
 
 from broker.grpc.protocol import Code, pb, spb, spb_grpc
@@ -42,8 +44,12 @@ QUEUES = 8
 # refresh (10 s after its start), so its next one comes 28 s after the kill ...
 PUSH_KILL_AFTER_START_S = 12.0
 # ... and it consumes from the new master well before that (it asks for its assignment every
-# 5 s, at a random entry of its route: 33 of its 41 entries lead to a live member).
+# 5 s, at a random entry of its route: 29 of its 36 entries lead to a live member).
 PUSH_RESUMED_S = 25.0
+# A simple consumer started with it receives again within about an election: its receives take
+# the readable entries in turn, those at the dead master fail at once, the one at another member
+# is forwarded to the new master.
+SIMPLE_RESUMED_S = 10.0
 META = (("x-mq-client-id", "failover-test"),)
 
 
@@ -177,9 +183,13 @@ def _assignment_at(cluster: GrpcSet, sid: str, topic: str) -> str | None:
     return _addr(resp.assignments[0].message_queue)
 
 
-def test_a_python_push_consumer_consumes_from_the_new_master_before_its_route_refresh(tmp_path) -> None:
-    """Before: the consumer kept asking the dead master for its assignment until its route
-    refresh (measured 29 s without consuming); now it moves within a few of its 5 s scans."""
+def test_python_push_and_simple_consumers_consume_from_the_new_master_before_their_route_refresh(
+    tmp_path,
+) -> None:
+    """Before: the push consumer kept asking the dead master for its assignment until its route
+    refresh (measured 29 s without consuming), and the simple consumer's receives all went to the
+    dead master until then; now the push consumer moves within a few of its 5 s scans and the
+    simple consumer receives again about an election after the kill."""
     topic = "grpc-push-failover"
     with grpc_set(tmp_path) as cluster:
         cluster.create_topic(topic, queues=QUEUES)
@@ -205,24 +215,47 @@ def test_a_python_push_consumer_consumes_from_the_new_master_before_its_route_re
                     consumed.setdefault(msg.body.decode(), time.monotonic())
                 return ConsumeResult.SUCCESS
 
-        def wait_consumed(bodies: list[str], until: float) -> None:
+        received: dict[str, float] = {}  # the simple consumer's group: body -> first received
+        stop = threading.Event()
+
+        def receive_loop(simple: SimpleConsumer) -> None:
+            while not stop.is_set():
+                try:
+                    msgs = simple.receive(16, 15)
+                except Exception:  # a receive at the dead master: the next entry is tried next
+                    time.sleep(0.05)
+                    continue
+                for m in msgs:
+                    with lock:
+                        received.setdefault(m.body.decode(), time.monotonic())
+                    try:
+                        simple.ack(m)
+                    except Exception:  # received at the killed member just before the kill
+                        pass
+
+        def wait_received(bodies: list[str], until: float) -> None:
             while time.monotonic() < until:
                 with lock:
-                    if all(b in consumed for b in bodies):
+                    if all(b in consumed and b in received for b in bodies):
                         return
                 time.sleep(0.05)
 
-        consumer = PushConsumer(ClientConfiguration(cluster.access_points, Credentials(), request_timeout=3),
-                                "g-push-failover", Listener(), {topic: FilterExpression()})
+        config = ClientConfiguration(cluster.access_points, Credentials(), request_timeout=3)
+        consumer = PushConsumer(config, "g-push-failover", Listener(), {topic: FilterExpression()})
+        simple = SimpleConsumer(config, "g-simple-failover", {topic: FilterExpression()}, await_duration=2)
         started = time.monotonic()
         consumer.startup()
+        simple.startup()
+        receiver = threading.Thread(target=receive_loop, args=(simple,), daemon=True)
+        receiver.start()
         try:
             with HttpProducer(cluster.namesrv) as producer:
                 before = [f"before-{i}" for i in range(20)]
                 for body in before:
                     producer.send(topic, body)
-                wait_consumed(before, time.monotonic() + 30)
+                wait_received(before, time.monotonic() + 30)
                 assert all(b in consumed for b in before), sorted(set(before) - set(consumed))
+                assert all(b in received for b in before), sorted(set(before) - set(received))
                 time.sleep(max(0.0, started + PUSH_KILL_AFTER_START_S - time.monotonic()))
                 cluster.group.kill(old, signal.SIGKILL)
                 killed = time.monotonic()
@@ -232,7 +265,7 @@ def test_a_python_push_consumer_consumes_from_the_new_master_before_its_route_re
                     producer.send(topic, body)  # the SDK finds the new master within its retries
                     after.append(body)
                     time.sleep(0.1)
-                wait_consumed(after, killed + 45)
+                wait_received(after, killed + 45)
             new = cluster.master(exclude=frozenset({old}))
             # Every member left assigns the queues at the new master (a slave knows it from its log).
             for sid in cluster.grpc:
@@ -244,6 +277,9 @@ def test_a_python_push_consumer_consumes_from_the_new_master_before_its_route_re
                         time.sleep(0.2)
                     assert _assignment_at(cluster, sid, topic) == cluster.grpc[new], sid
         finally:
+            stop.set()
+            receiver.join(30)
+            simple.shutdown()
             consumer.shutdown()
         missing = [b for b in after if b not in consumed]
         assert not missing, f"{len(missing)} of {len(after)} messages sent after the kill never consumed"
@@ -251,4 +287,14 @@ def test_a_python_push_consumer_consumes_from_the_new_master_before_its_route_re
         assert resumed < PUSH_RESUMED_S, (
             f"the push consumer took {resumed:.1f} s after the kill to consume again (its route refresh "
             f"came {started + 40 - killed:.0f} s after it)"
+        )
+        simple_resumed = min(received[b] for b in after if b in received) if received else float("nan")
+        print(f"after the kill: push consumer consuming again {resumed:.1f} s, simple consumer "
+              f"receiving again {simple_resumed - killed:.1f} s")
+        missing = [b for b in after if b not in received]
+        assert not missing, f"{len(missing)} of {len(after)} messages sent after the kill never received"
+        resumed = min(received[b] for b in after) - killed
+        assert resumed < SIMPLE_RESUMED_S, (
+            f"the simple consumer took {resumed:.1f} s after the kill to receive again (its route "
+            f"refresh came {started + 40 - killed:.0f} s after it)"
         )
