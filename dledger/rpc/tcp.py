@@ -20,12 +20,15 @@ persistent connections, one per peer, with request ids so many requests share a 
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import ipaddress
 import itertools
 import logging
 import socket
 import ssl
 from typing import Any
+
+import uvloop
 
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.rpc.auth import Acceptor, Connector, HandshakeError, PeerAuth, read_message
@@ -301,6 +304,25 @@ class _ServerConnection(_FrameConnection):
         self.write(encode_frame_parts(KIND_RESPONSE, rid, resp))
 
 
+def _accepting_tls(base: type) -> type:
+    """`base` (the loop's own server-side TLS protocol) remembering who connected, so that a
+    failed handshake can be logged with the address."""
+
+    class AcceptingTls(base):  # type: ignore[valid-type, misc]
+        peer = "?"
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            peer = transport.get_extra_info("peername")
+            self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+            super().connection_made(transport)
+
+    return AcceptingTls
+
+
+_ACCEPTING_TLS = {asyncio.sslproto.SSLProtocol: _accepting_tls(asyncio.sslproto.SSLProtocol),
+                  uvloop.loop.SSLProtocol: _accepting_tls(uvloop.loop.SSLProtocol)}
+
+
 def _tls_reason(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "no TLS handshake in time"
@@ -408,9 +430,8 @@ class TcpRpcService(RpcService):
             return
         me = self.peers[self.self_id]
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(
-            lambda: _ServerConnection(self), me.host, me.port, reuse_address=True, ssl=self.server_ssl,
-            ssl_handshake_timeout=self.handshake_timeout_s if self.server_ssl is not None else None)
+        factory = (lambda: _ServerConnection(self)) if self.server_ssl is None else self._accept_tls
+        self.server = await loop.create_server(factory, me.host, me.port, reuse_address=True)
         if self.tls is not None:
             task = loop.create_task(self._watch_tls_files())
             self.tasks.add(task)
@@ -422,6 +443,27 @@ class TcpRpcService(RpcService):
             log.warning("event=peer_auth_off group=%s selfId=%s listen=%s:%d: anyone who reaches this port "
                         "can vote, push or truncate; set peerSecretFile (or peer TLS)",
                         self.group, self.self_id, me.host, me.port)
+
+    def _accept_tls(self) -> asyncio.BaseProtocol:
+        """The protocol of an accepted connection with peer TLS: the loop's TLS server side over a
+        `_ServerConnection`, as `create_server(ssl=...)` makes it, but a handshake that fails (a
+        plaintext client, a certificate from another CA or none, too slow) is logged: the loop's
+        own server drops it without a word."""
+        assert self.tls is not None and self.server_ssl is not None
+        loop = asyncio.get_running_loop()
+        base = uvloop.loop.SSLProtocol if isinstance(loop, uvloop.Loop) else asyncio.sslproto.SSLProtocol
+        waiter = loop.create_future()
+        proto = _ACCEPTING_TLS[base](loop, _ServerConnection(self), self.server_ssl, waiter, server_side=True,
+                                     ssl_handshake_timeout=self.handshake_timeout_s)  # fmt: skip
+        log_refusal = self.tls.log_refusal
+
+        def handshake_over(fut: asyncio.Future[None]) -> None:
+            exc = None if fut.cancelled() else fut.exception()
+            if exc is not None:
+                log_refusal(proto.peer, _tls_reason(exc))
+
+        waiter.add_done_callback(handshake_over)
+        return proto  # type: ignore[no-any-return]
 
     async def _watch_tls_files(self) -> None:
         """A rotated peer certificate is used for new connections without a restart."""

@@ -13,9 +13,10 @@ serves new connections once it loads with its key, with no restart.
 
 A connection of ours that fails its handshake — the peer's certificate from another CA or naming
 another host, ours refused by the peer — is one log line with the reason, at most one per peer every
-few seconds (`event=peer_tls_failed`). The accepting side drops a failed handshake (a plaintext
-client, a foreign certificate) within the handshake timeout without a line: asyncio's TLS layer
-reports none.
+few seconds (`event=peer_tls_failed`). A connection to us that fails it — a plaintext client, a
+certificate from another CA or none, no handshake within the timeout — is closed and logged the
+same way (`event=peer_tls_refused`, the transport runs the accepting side's handshake itself:
+asyncio's server-side TLS drops a failed one without a word).
 """
 
 from __future__ import annotations

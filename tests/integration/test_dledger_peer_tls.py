@@ -2,7 +2,8 @@
 their peer links elect a leader and replicate; what crosses the wire between them (through
 recording relays) is TLS, with no entry body in the clear; a plaintext connection and a client
 whose certificate comes from another CA are refused and change nothing (the refused client logs
-why); a member given only part of the TLS files does not start. Reference: dledger/rpc/tls.py.
+why, and so does the member); a member given only part of the TLS files does not start.
+Reference: dledger/rpc/tls.py.
 
 QA: the peer links were authenticated (peerSecretFile) but never encrypted: every replicated
 message body crossed the network in the clear."""
@@ -181,6 +182,9 @@ async def test_a_plaintext_peer_is_refused_and_changes_nothing(group: Group) -> 
     assert not answer.startswith(b"\x00"), answer[:32]  # no DLedger frame came back (a TLS alert may)
     after = await state(group)
     assert {m: v[:2] for m, v in after.items()} == {m: v[:2] for m, v in before.items()}  # term, end
+    # The refusing member says so, naming where the connection came from.
+    refused = [line for line in group.log("n0").splitlines() if "event=peer_tls_refused" in line]
+    assert refused and "from=127.0.0.1:" in refused[0], group.log("n0")[-2000:]
 
 
 async def test_a_certificate_from_another_ca_is_refused(group: Group, caplog) -> None:
@@ -192,6 +196,12 @@ async def test_a_certificate_from_another_ca_is_refused(group: Group, caplog) ->
     # The refused side says why, once: the member refused its certificate.
     failed = [r.getMessage() for r in caplog.records if "event=peer_tls_failed" in r.getMessage()]
     assert failed and "certificate" in failed[0].lower(), failed
+    # ... and so does the member: why it refused the certificate.
+    deadline = asyncio.get_running_loop().time() + 10
+    while not (refused := [ln for ln in group.log("n1").splitlines() if "event=peer_tls_refused" in ln]):
+        assert asyncio.get_running_loop().time() < deadline, group.log("n1")[-2000:]
+        await asyncio.sleep(0.1)
+    assert "certificate" in refused[0].lower(), refused
     async with DLedgerClient(GROUP, group.peers, timeout_s=2.0) as plain:  # no TLS at all
         with pytest.raises(DLedgerException):
             await plain.metadata("n1")
