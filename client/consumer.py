@@ -414,7 +414,8 @@ class AsyncSimpleConsumer(_RouteUser):
     ) -> list[ReceivedMessage]:
         """Receive from the topic's broker sets in turn (one set per call). A set that cannot
         serve (no connection, no master) is skipped for `fault_isolation_ms` and the next set
-        asked in the same call; the error is raised only when no set could serve."""
+        asked in the same call, as is one that does not hold the topic (the route is fetched
+        again); the error is raised only when no set could serve."""
         if self._guard is None:
             self._guard = self._until_loop_end()
             await self._guard.asend(None)
@@ -598,6 +599,13 @@ class AsyncSimpleConsumer(_RouteUser):
                     raise
                 # The set stopped serving reads (brokerPermission) after this route was fetched:
                 # the others serve this receive, a fresh route leaves it out.
+                self.routes.invalidate(self.topic)
+                last = exc
+                continue
+            except TopicNotExistError as exc:
+                # A set that does not hold the topic: named by the every-set route offered for a
+                # topic no set has registered yet (created a moment ago), or by a route from before
+                # the topic was deleted there. The others serve; a fresh route names the holders.
                 self.routes.invalidate(self.topic)
                 last = exc
                 continue
