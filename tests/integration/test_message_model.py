@@ -676,7 +676,9 @@ def test_a_delayed_or_transactional_message_keeps_its_message_id_from_send_to_de
     brokers.topic("mm-ids-delay", "DELAY", queues=2)
     brokers.topic("mm-ids-tx", "TRANSACTION", queues=2)
     (later, recalled) = brokers.send(
-        "mm-ids-delay", [{"body": "later", "delayMs": 3000}, {"body": "recalled", "delayMs": 600_000}]
+        # Due in 10 s: every member must still show it SCHEDULED while the loop below looks (3 s
+        # was too short once on a slow CI machine, the message delivered before the last look).
+        "mm-ids-delay", [{"body": "later", "delayMs": 10_000}, {"body": "recalled", "delayMs": 600_000}]
     )
     tx = {"body": "tx", "transactional": True, "idempotencyKey": "mm-ids-tx-1"}
     (committed, rolled_back) = brokers.send("mm-ids-tx", [tx, {"body": "rb", "transactional": True}])
@@ -706,7 +708,7 @@ def test_a_delayed_or_transactional_message_keeps_its_message_id_from_send_to_de
     ).is_success
 
     for addr in brokers.live_addrs():
-        got = wait_for(lambda a=addr: shown(a, later["messageId"], None), 15, f"the delivery at {addr}")
+        got = wait_for(lambda a=addr: shown(a, later["messageId"], None), 20, f"the delivery at {addr}")
         assert got["topic"] == "mm-ids-delay" and got["queueOffset"] >= 0 and got["msgId"] != later["msgId"]
         assert got["storeTimestamp"] >= later["deliverAt"]
         got = wait_for(lambda a=addr: shown(a, committed["messageId"], None), 10, f"the commit at {addr}")
