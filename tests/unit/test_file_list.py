@@ -11,6 +11,8 @@ import pytest
 from dledger.codes import DLedgerException, DLedgerResponseCode
 from dledger.store.file_list import MmapFileList
 
+pytestmark = pytest.mark.usefixtures("mmap_files_closed")
+
 FILE_SIZE = 256
 
 

@@ -16,6 +16,8 @@ from dledger.entry import BODY_OFFSET, DLedgerEntry, body_crc32
 from dledger.store.checkpoint import read_checkpoint
 from dledger.store.mmap_store import DLedgerMmapFileStore
 
+pytestmark = pytest.mark.usefixtures("mmap_files_closed")
+
 DATA_FILE = 1024
 INDEX_FILE = 32 * 16
 

@@ -14,6 +14,8 @@ from dledger.config import DLedgerConfig
 from dledger.entry import BODY_OFFSET, INDEX_UNIT_SIZE, DLedgerEntry
 from dledger.store.mmap_store import DLedgerMmapFileStore
 
+pytestmark = pytest.mark.usefixtures("mmap_files_closed")
+
 DATA_FILE = 1024
 INDEX_FILE = 32 * 16
 
