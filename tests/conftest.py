@@ -37,22 +37,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         rel = Path(item.path).resolve().relative_to(_TESTS)
         if rel.parts[0] in SERIAL or rel.as_posix() in SERIAL:
             item.add_marker(pytest.mark.serial)
-
-
-@pytest.fixture
-def mmap_files_closed(monkeypatch: pytest.MonkeyPatch):
-    """Every `MmapFileList` a test opens is closed after it: a store a unit test leaves open holds
-    a descriptor per file (test_mmap_store.py alone left ~550 open in its xdist worker)."""
-    from dledger.store.file_list import MmapFileList
-
-    opened: list[MmapFileList] = []
-    init = MmapFileList.__init__
-
-    def tracked(self: MmapFileList, *args: object, **kw: object) -> None:
-        init(self, *args, **kw)  # type: ignore[arg-type]
-        opened.append(self)
-
-    monkeypatch.setattr(MmapFileList, "__init__", tracked)
-    yield
-    for file_list in opened:
-        file_list.close()

@@ -15,6 +15,8 @@ from dledger.entry import BODY_OFFSET, DLedgerEntry
 from dledger.store.memory_store import DLedgerMemoryStore
 from dledger.store.mmap_store import DLedgerMmapFileStore
 
+pytestmark = pytest.mark.usefixtures("mmap_files_closed")
+
 
 def open_store(base, self_id: str, **kw) -> DLedgerMmapFileStore:
     kw.setdefault("mapped_file_size_for_entry_data", 1024)

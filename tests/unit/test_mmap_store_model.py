@@ -12,6 +12,8 @@ from dledger.config import DLedgerConfig
 from dledger.entry import BODY_OFFSET, DLedgerEntry
 from dledger.store.mmap_store import DLedgerMmapFileStore
 
+pytestmark = pytest.mark.usefixtures("mmap_files_closed")
+
 
 def open_store(base, self_id: str) -> DLedgerMmapFileStore:
     cfg = DLedgerConfig(store_base_dir=str(base), self_id=self_id, peers=f"{self_id}-127.0.0.1:1",
