@@ -11,8 +11,7 @@ import pytest
 def mmap_files_closed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every `MmapFileList` a test opens is closed after it: a store a unit test leaves open holds
     a descriptor per file (test_mmap_store.py alone left ~550 open in its xdist worker, the
-    store-model test ~400). Only for tests whose stores live no longer than the test: closing
-    a running broker's files would let its threads write to whatever reuses the descriptors."""
+    store-model test ~400). For tests whose stores live no longer than the test."""
     from dledger.store.file_list import MmapFileList
 
     opened: list[MmapFileList] = []

@@ -21,6 +21,7 @@ class Server:
         self.answer, self.delay_s, self.idle_close_s = answer, delay_s, idle_close_s
         self.connections = self.requests = self.busy = self.most_busy = 0
         self.paths: list[str] = []
+        self.received = asyncio.Condition()  # notified at each request read
 
     async def __aenter__(self) -> str:
         self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
@@ -47,6 +48,8 @@ class Server:
                 )
                 await reader.readexactly(length)
                 self.requests += 1
+                async with self.received:
+                    self.received.notify_all()
                 self.busy += 1
                 self.most_busy = max(self.most_busy, self.busy)
                 path = lines[0].split(" ")[1]
@@ -62,6 +65,13 @@ class Server:
             pass
         finally:
             writer.close()
+
+
+async def until_received(srv: Server, n: int) -> None:
+    """Until the server has read `n` requests: written, not answered yet (a fixed sleep was not
+    always long enough in a full unit run)."""
+    async with srv.received:
+        await asyncio.wait_for(srv.received.wait_for(lambda: srv.requests >= n), 5)
 
 
 def ok(body: bytes = b"{}") -> bytes:
@@ -153,7 +163,7 @@ async def test_a_cancelled_request_with_keep_late_is_read_to_its_end_then_its_co
         kept: list[LateAnswer] = []
         try:
             task = asyncio.ensure_future(c.request("POST", f"{url}/receive", keep_late=kept.append))
-            await asyncio.sleep(0.05)  # written, not answered yet
+            await until_received(srv, 1)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -175,7 +185,7 @@ async def test_a_cancelled_request_is_hung_up_on_unless_it_keeps_its_late_answer
         try:
             plain = asyncio.ensure_future(c.request("POST", f"{url}/receive", body=b"{}"))
             late = asyncio.ensure_future(c.request("POST", f"{url}/receive", keep_late=kept.append))
-            await asyncio.sleep(0.05)
+            await until_received(srv, 2)
             plain.cancel()
             late.cancel()
             await asyncio.gather(plain, late, return_exceptions=True)
