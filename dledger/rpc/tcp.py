@@ -87,8 +87,7 @@ class _FrameConnection(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
 
     def peer_name(self) -> str:
-        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
-        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        return _peer_name(self.transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -304,23 +303,28 @@ class _ServerConnection(_FrameConnection):
         self.write(encode_frame_parts(KIND_RESPONSE, rid, resp))
 
 
+def _peer_name(transport: asyncio.BaseTransport | None) -> str:
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+
+
 def _accepting_tls(base: type) -> type:
-    """`base` (the loop's own server-side TLS protocol) remembering who connected, so that a
+    """`base` (a loop's own server-side TLS protocol) remembering who connected, so that a
     failed handshake can be logged with the address."""
 
     class AcceptingTls(base):  # type: ignore[valid-type, misc]
         peer = "?"
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            peer = transport.get_extra_info("peername")
-            self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+            self.peer = _peer_name(transport)
             super().connection_made(transport)
 
     return AcceptingTls
 
 
-_ACCEPTING_TLS = {asyncio.sslproto.SSLProtocol: _accepting_tls(asyncio.sslproto.SSLProtocol),
-                  uvloop.loop.SSLProtocol: _accepting_tls(uvloop.loop.SSLProtocol)}
+# By whether the loop is uvloop's: each loop's transports take its own TLS protocol.
+_ACCEPTING_TLS = {True: _accepting_tls(uvloop.loop.SSLProtocol),
+                  False: _accepting_tls(asyncio.sslproto.SSLProtocol)}
 
 
 def _tls_reason(exc: BaseException) -> str:
@@ -451,10 +455,10 @@ class TcpRpcService(RpcService):
         own server drops it without a word."""
         assert self.tls is not None and self.server_ssl is not None
         loop = asyncio.get_running_loop()
-        base = uvloop.loop.SSLProtocol if isinstance(loop, uvloop.Loop) else asyncio.sslproto.SSLProtocol
         waiter = loop.create_future()
-        proto = _ACCEPTING_TLS[base](loop, _ServerConnection(self), self.server_ssl, waiter, server_side=True,
-                                     ssl_handshake_timeout=self.handshake_timeout_s)  # fmt: skip
+        protocol_class = _ACCEPTING_TLS[isinstance(loop, uvloop.Loop)]
+        proto = protocol_class(loop, _ServerConnection(self), self.server_ssl, waiter, server_side=True,
+                               ssl_handshake_timeout=self.handshake_timeout_s)  # fmt: skip
         log_refusal = self.tls.log_refusal
 
         def handshake_over(fut: asyncio.Future[None]) -> None:

@@ -15,8 +15,8 @@ A connection of ours that fails its handshake — the peer's certificate from an
 another host, ours refused by the peer — is one log line with the reason, at most one per peer every
 few seconds (`event=peer_tls_failed`). A connection to us that fails it — a plaintext client, a
 certificate from another CA or none, no handshake within the timeout — is closed and logged the
-same way (`event=peer_tls_refused`, the transport runs the accepting side's handshake itself:
-asyncio's server-side TLS drops a failed one without a word).
+same way (`event=peer_tls_refused`: the transport builds the loop's server-side TLS protocol itself
+and watches its handshake, which `create_server(ssl=...)` drops without a word when it fails).
 """
 
 from __future__ import annotations
