@@ -1,7 +1,8 @@
 """Marks the tests `make test` must run alone: those that kill or stop members and time the
 recovery, or assert other deadlines, which a second test beside them on CI's two cores would
-stretch. `make test` runs them one at a time first, then every other test two at a time
-(pytest-xdist); plain `pytest` runs everything one at a time."""
+stretch. `make test` runs them one at a time first, then tests/fault (whose scenarios time
+failovers too, but are measured to keep their bounds two at a time beside each other), then every
+other test two at a time (pytest-xdist); plain `pytest` runs everything one at a time."""
 
 from __future__ import annotations
 
@@ -11,11 +12,7 @@ import pytest
 
 _TESTS = Path(__file__).resolve().parent
 SERIAL = frozenset({
-    "fault",
     "browser",
-    # The simulator's virtual selector waits with select(), which refuses descriptors past 1023:
-    # an xdist worker that ran other files first may hold that many open.
-    "sim",
     "integration/test_batching_producer.py",
     "integration/test_blocking_send.py",
     "integration/test_consumers.py",

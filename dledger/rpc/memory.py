@@ -33,8 +33,12 @@ from dledger.taskset import TaskSet
 log = logging.getLogger("dledger.rpc.memory")
 
 
-class _VirtualSelector(selectors.SelectSelector):
-    """A selector that never blocks: a wait of `timeout` seconds advances the loop's virtual clock."""
+class _VirtualSelector(selectors.PollSelector):
+    """A selector that never blocks: a wait of `timeout` seconds advances the loop's virtual clock.
+
+    poll(), not select(): select() refuses descriptors past 1023, and a test process that opened
+    many files before the simulator runs (an xdist worker) may hand the loop's self-pipe one of
+    those."""
 
     def __init__(self) -> None:
         super().__init__()
