@@ -1,11 +1,14 @@
 # LedgerMQ: `make run` starts a name server and a 3-member DLedger broker set on loopback
 # (`make run SETS=2`: two sets, broker-a and broker-b);
 # `make test` runs the suite but the long fault scenarios (`make fault-full`; `make fault` = all
-# of the fault matrix); CI (.ci/run) runs `make test` then `make fault-full`. All create .venv on first use.
+# of the fault matrix; `make test FAULT_FULL=1` = the suite and all of it, as CI (.ci/run) runs it).
+# All create .venv on first use.
 PY ?= python3.11
 SETS ?= 1
 FAULT_JOBS ?= 1
 FAULT_XDIST := $(if $(filter-out 1,$(FAULT_JOBS)),-n $(FAULT_JOBS) --dist load)
+FAULT_FULL ?=
+TEST_FAULT_MARK := $(if $(filter 1,$(FAULT_FULL)),fault_full or not fault_full,not fault_full)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -40,13 +43,14 @@ browser-deps:
 	fi
 
 # Three parts, each run even if one before failed: the tests that time failovers or deadlines
-# (marker serial, tests/conftest.py) alone; the fault scenarios two at a time, beside nothing but
-# each other (one keeps the two cores ~60 % busy; their bounds hold in pairs, docs/RELIABILITY.md);
-# the rest two at a time, a test file per worker (its module fixtures start once).
+# (marker serial, tests/conftest.py) alone; tests/fault two at a time, beside nothing but each
+# other (a scenario keeps the two cores ~60 % busy; their bounds hold in pairs, docs/RELIABILITY.md),
+# with FAULT_FULL=1 every scenario and the results table; the rest two at a time, a test file per
+# worker (its module fixtures start once).
 test: $(STAMP) browser-deps bytecode
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m 'serial and not fault_full' --ignore=tests/fault; s=$$?; \
-	$(BIN)/python -m pytest -q -n 2 --dist load -m 'not fault_full' tests/fault; f=$$?; \
+	$(BIN)/python -m pytest -q -n 2 --dist load -m '$(TEST_FAULT_MARK)' tests/fault; f=$$?;$(if $(filter 1,$(FAULT_FULL)), $(BIN)/python -m tests.fault.report;) \
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m 'not serial and not fault_full' --ignore=tests/fault; p=$$?; \
 	for rc in $$s $$f; do if [ $$rc -ne 0 ]; then exit $$rc; fi; done; exit $$p
 
@@ -59,7 +63,7 @@ fault: $(STAMP) bytecode
 	$(BIN)/python -m pytest -q $(FAULT_XDIST) -m 'fault or fault_full' tests/fault; rc=$$?; \
 	$(BIN)/python -m tests.fault.report; exit $$rc
 
-# The fault scenarios `make test` leaves out (marker fault_full); CI runs them after `make test`.
+# The fault scenarios `make test` leaves out (marker fault_full).
 fault-full: $(STAMP) bytecode
 	$(BIN)/python -m pytest -q $(FAULT_XDIST) -m fault_full tests/fault; rc=$$?; \
 	$(BIN)/python -m tests.fault.report; exit $$rc
