@@ -51,7 +51,14 @@ async def run(config: BrokerConfig) -> int:
         print(f"mqbroker: {config.broker_name} failed to start: {exc}", file=sys.stderr)
         return 1
     tune_gc()
-    await runtime.wait()
+    if not stopping.is_set():
+        # A signal during `start` reached front-ends not serving yet, whose `wait` then never
+        # returns: `stopping` keeps it (a broker told to stop while starting hung until SIGKILL).
+        served = asyncio.ensure_future(runtime.wait())
+        signalled = asyncio.ensure_future(stopping.wait())
+        await asyncio.wait((served, signalled), return_when=asyncio.FIRST_COMPLETED)
+        served.cancel()
+        signalled.cancel()
     await runtime.stop()
     return 0
 

@@ -223,6 +223,9 @@ def test_a_failed_start_prints_why_no_banner_keeps_the_logs_and_exits_1(tmp_path
         assert "Address already in use" in (kept / f"{name}.log").read_text()
     assert [p.name for p in kept.parent.iterdir()] == ["logs"]  # the store itself is gone
     assert "Stopped." in text
+    # The members were told to stop while starting (the name server's exit is seen at once): they
+    # stop, none is killed for not stopping in time.
+    assert "did not stop in time" not in text, text
     for port in [int(ns.rpartition(":")[2]), *http]:
         assert _bindable(port), f"port {port} still served after ledgermq-run stopped"
 
